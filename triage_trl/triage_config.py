@@ -1,0 +1,145 @@
+"""The ``triage_*`` settings of the TRIAGE objective.
+
+Spec: ``shared/design/triage-objective.md`` (a reconstruction of arXiv 2610.07043 from its abstract).
+Every choice the spec makes is a field here, so that an ablation is one flag. The dataclass has no
+TRL import: ``TriageGRPOConfig`` inherits it next to TRL's ``GRPOConfig``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TRIAGE_MODES = ("full", "diagnose", "off")
+SEGMENT_MODES = ("newline", "fixed")
+REBALANCE_SCOPES = ("segment", "tail")
+REPAIR_MODES = ("excess_is", "mask", "none")
+
+
+@dataclass
+class TriageConfig:
+    """Settings of the TRIAGE objective (spec sections 1-9). Validated at construction.
+
+    Raises:
+        ValueError: a field is outside its allowed range; the message names the field, the value
+            and the range.
+    """
+
+    triage_mode: str = field(
+        default="full",
+        metadata={
+            "help": "`full`: classify, diagnose, rebalance and repair (spec steps 1-8). `diagnose`: "
+            "compute and log every statistic but keep every weight at 1 (plain GRPO with TRIAGE's "
+            "instruments). `off`: plain GRPO, nothing computed.",
+            "choices": list(TRIAGE_MODES),
+        },
+    )
+    triage_gap_sign: int = field(
+        default=1,
+        metadata={
+            "help": "Direction convention for classifying tokens: +1 uses gap = learner - sampler "
+            "log-prob, -1 flips it (an ablation of the convention). Only the amplifying/contracting "
+            "classification flips; the repair weight and mismatch metrics always use learner - sampler.",
+            "choices": [1, -1],
+        },
+    )
+    triage_tail_quantile: float = field(
+        default=0.98,
+        metadata={"help": "Quantile of |gap| over valid tokens above which a token is a tail token; in (0, 1)."},
+    )
+    triage_tail_min_gap: float = field(
+        default=0.05,
+        metadata={"help": "Lower bound (nats) on the tail threshold tau, so a batch with tiny mismatch has no tail; >= 0."},
+    )
+    triage_segment_mode: str = field(
+        default="newline",
+        metadata={
+            "help": "`newline`: a segment ends after each token whose text contains a newline, and "
+            "after `triage_segment_max_tokens` tokens. `fixed`: windows of `triage_segment_max_tokens` tokens.",
+            "choices": list(SEGMENT_MODES),
+        },
+    )
+    triage_segment_max_tokens: int = field(
+        default=64,
+        metadata={"help": "Longest segment, in tokens; >= 1."},
+    )
+    triage_hot_min_tokens: int = field(
+        default=2,
+        metadata={"help": "A segment is hot when it holds at least this many amplifying tail tokens; >= 1."},
+    )
+    triage_hot_density: float = field(
+        default=0.10,
+        metadata={"help": "...and when amplifying tail tokens are at least this share of its valid tokens; in [0, 1]."},
+    )
+    triage_rebalance_floor: float = field(
+        default=0.25,
+        metadata={"help": "Smallest rebalancing factor beta applied to the heavier amplifying quadrant; in (0, 1]."},
+    )
+    triage_rebalance_scope: str = field(
+        default="segment",
+        metadata={
+            "help": "`segment`: beta applies to every token of the heavier amplifying quadrant in a hot "
+            "segment. `tail`: only to its tail tokens.",
+            "choices": list(REBALANCE_SCOPES),
+        },
+    )
+    triage_repair_mode: str = field(
+        default="excess_is",
+        metadata={
+            "help": "Bounded repair of severe mismatch. `excess_is`: weight clamp(exp(excess), 1/C, C). "
+            "`mask`: weight 0 for severe tokens (MIS-style ablation). `none`: no repair.",
+            "choices": list(REPAIR_MODES),
+        },
+    )
+    triage_severe_gap: float = field(
+        default=math.log(2.0),
+        metadata={"help": "|gap| (nats) from which a token's mismatch is severe and repaired; > 0."},
+    )
+    triage_repair_clip: float = field(
+        default=2.0,
+        metadata={"help": "Bound C of the repair weight, which stays in [1/C, C]; >= 1."},
+    )
+
+    def __post_init__(self):
+        self.validate_triage()
+
+    def validate_triage(self) -> None:
+        """Check every ``triage_*`` field; raise ``ValueError`` naming the first bad one."""
+        _choice("triage_mode", self.triage_mode, TRIAGE_MODES)
+        _choice("triage_segment_mode", self.triage_segment_mode, SEGMENT_MODES)
+        _choice("triage_rebalance_scope", self.triage_rebalance_scope, REBALANCE_SCOPES)
+        _choice("triage_repair_mode", self.triage_repair_mode, REPAIR_MODES)
+        if self.triage_gap_sign not in (1, -1) or isinstance(self.triage_gap_sign, bool):
+            raise ValueError(f"triage_gap_sign={self.triage_gap_sign!r} is invalid: it must be 1 or -1.")
+        _in_range("triage_tail_quantile", self.triage_tail_quantile, 0.0, 1.0, "in (0, 1)", lo_open=True, hi_open=True)
+        _in_range("triage_tail_min_gap", self.triage_tail_min_gap, 0.0, math.inf, ">= 0 (nats)")
+        _integer_at_least("triage_segment_max_tokens", self.triage_segment_max_tokens, 1)
+        _integer_at_least("triage_hot_min_tokens", self.triage_hot_min_tokens, 1)
+        _in_range("triage_hot_density", self.triage_hot_density, 0.0, 1.0, "in [0, 1]")
+        _in_range("triage_rebalance_floor", self.triage_rebalance_floor, 0.0, 1.0, "in (0, 1]", lo_open=True)
+        _in_range("triage_severe_gap", self.triage_severe_gap, 0.0, math.inf, "> 0 (nats)", lo_open=True)
+        _in_range("triage_repair_clip", self.triage_repair_clip, 1.0, math.inf, ">= 1")
+
+    def triage_settings(self) -> dict:
+        """The ``triage_*`` fields as a plain dict (for logs and model cards)."""
+        return {name: getattr(self, name) for name in TriageConfig.__dataclass_fields__}
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is invalid: it must be one of {', '.join(map(repr, allowed))}.")
+
+
+def _in_range(name, value, lo, hi, allowed, lo_open=False, hi_open=False):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (
+        number
+        and (value > lo if lo_open else value >= lo)
+        and (value < hi if hi_open else value <= hi)
+    ):
+        raise ValueError(f"{name}={value!r} is out of range: it must be {allowed}.")
+
+
+def _integer_at_least(name, value, lo):
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")
