@@ -1,0 +1,100 @@
+"""Tiny offline models for tests, benchmarks and smoke runs (no hub access needed).
+
+``save_tiny_qwen3(path)`` writes a randomly initialised Qwen3 causal LM and a byte-level BPE
+tokenizer trained on a few built-in sentences, as an ordinary ``from_pretrained`` folder that
+transformers and vLLM both load. Every linear layer has dimensions that are multiples of 16, so
+the whole decoder can run in NVFP4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_CORPUS = [
+    "What is 3 + 4? Let me think step by step.\nThe answer is \\boxed{7}.",
+    "Compute 12 - 5.\nFirst, 12 - 5 = 7.\nSo the final answer is \\boxed{7}.",
+    "Question: how many legs do 2 cats have?\nEach cat has 4 legs.\n2 * 4 = 8.\n\\boxed{8}",
+    "The quick brown fox jumps over the lazy dog.\nNumbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+    "user\nassistant\nsystem\nPlease reason step by step, and put your final answer within \\boxed{}.",
+]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with a ChatML template, trained offline.
+
+    Special tokens: ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        additional_special_tokens=specials[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_qwen3(
+    path: str | Path,
+    *,
+    hidden_size: int = 128,
+    intermediate_size: int = 256,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+    num_key_value_heads: int = 1,
+    head_dim: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Save a random tiny ``Qwen3ForCausalLM`` (bf16 weights) and its tokenizer under ``path``.
+
+    Returns:
+        The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM``.
+    """
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    vocab = ((len(tokenizer) + 63) // 64) * 64
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
