@@ -1,0 +1,106 @@
+"""Finding a transformers model's linear layers under PEFT and NVFP4 wrappers.
+
+Both the learner conversion and the checkpoint export address linears by their Hugging Face
+checkpoint name (``model.layers.0.self_attn.q_proj``), which is also what vLLM loads; this module
+maps PEFT's names (``base_model.model.<hf name>.base_layer``) back to those.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = [
+    "block_index",
+    "fused_group",
+    "hf_model",
+    "is_lora_layer",
+    "iter_logical_linears",
+]
+
+_BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_FUSED_SIBLINGS = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a ``peft.PeftModel`` (``get_base_model()``), else ``model``."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def is_lora_layer(module: nn.Module) -> bool:
+    """True for a PEFT LoRA wrapper around a base linear (``peft.tuners.lora.LoraLayer``)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # peft is optional
+        return False
+    return isinstance(module, LoraLayer) and hasattr(module, "base_layer")
+
+
+def base_linear(module: nn.Module) -> nn.Module:
+    """The innermost base linear of a (possibly nested) PEFT wrapper."""
+    while is_lora_layer(module):
+        module = module.base_layer
+    return module
+
+
+def iter_logical_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Yield ``(hf_name, module)`` for every linear layer of ``model``, in module order.
+
+    ``module`` is the outermost module whose input is the linear's input: the PEFT LoRA wrapper
+    when there is one (its base linear is ``base_linear(module)``), else the ``nn.Linear``
+    (including this package's NVFP4 learner linears, which subclass it).
+    """
+    root = hf_model(model)
+    stack: list[tuple[str, nn.Module]] = [("", root)]
+    while stack:
+        name, module = stack.pop()
+        if is_lora_layer(module) or isinstance(module, nn.Linear):
+            yield name, module
+            continue
+        children = list(module.named_children())
+        for child_name, child in reversed(children):
+            stack.append((f"{name}.{child_name}" if name else child_name, child))
+
+
+def block_index(name: str) -> int | None:
+    """Decoder block number in ``...layers.<i>....``, or None outside the decoder blocks."""
+    m = _BLOCK_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def fused_group(name: str) -> str:
+    """The name vLLM fuses this projection into (``...self_attn.qkv_proj`` for q/k/v,
+    ``...mlp.gate_up_proj`` for gate/up); other layers are their own group."""
+    prefix, _, leaf = name.rpartition(".")
+    fused = _FUSED_SIBLINGS.get(leaf)
+    return f"{prefix}.{fused}" if fused else name
+
+
+@torch.no_grad()
+def merged_weight(module: nn.Module) -> torch.Tensor:
+    """Master weight [out, in] of a logical linear, with active, unmerged LoRA deltas added.
+
+    For a PEFT LoRA wrapper: ``W + sum_a get_delta_weight(a)`` over active adapters (nothing added
+    when the adapters are merged already or disabled), in the base weight's dtype; for a plain
+    linear: its weight, detached.
+    """
+    if not is_lora_layer(module):
+        return module.weight.detach()
+    base_w = merged_weight(module.base_layer)
+    if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return base_w
+    total = base_w.float()
+    for adapter in module.active_adapters:
+        if adapter in module.lora_A:
+            total = total + module.get_delta_weight(adapter).float()
+    return total.to(base_w.dtype)
