@@ -1,0 +1,347 @@
+"""TriageGRPOTrainer on CPU with hand-built batches and a transformers stand-in for vLLM (fast tests).
+
+The real vLLM sampler is exercised in tests/test_trainer_vllm.py (slow). Here, ``FakeSampler`` takes the place of
+``TriageVLLMGeneration`` through the trainer's one sampler seam (``_sampler_factory``): it samples with a copy of
+the policy loaded from disk, returns processed log-probs (after temperature) plus an optional offset, and copies
+the learner's weights on ``sync_weights``, like the real sampler.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from triage_trl import METRIC_NAMES, segment_ids, triage_weights
+from triage_trl.trainer import StaleSamplerError, TriageGRPOConfig, TriageGRPOTrainer
+
+B, P, T = 4, 5, 8
+
+
+class FakeSampler:
+    """Stand-in for TriageVLLMGeneration: same constructor keywords, generate/sync_weights/score_logps."""
+
+    logprob_offset = 0.0  # added to every returned sampler log-prob (a synthetic mismatch), nats
+
+    def __init__(self, model, accelerator, processing_class, temperature=1.0, max_completion_length=16, **kwargs):
+        self.model = model
+        self.temperature = temperature
+        self.max_completion_length = max_completion_length
+        self.kwargs = kwargs
+        self.policy = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
+        self.eos = processing_class.eos_token_id
+        self.syncs = 0
+
+    def sync_weights(self):
+        self.policy.load_state_dict(self.model.state_dict())
+        self.syncs += 1
+
+    @torch.no_grad()
+    def _logps(self, ids: list[int]) -> torch.Tensor:
+        logits = self.policy(torch.tensor([ids])).logits[0, :-1].float() / self.temperature
+        return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+    def score_logps(self, token_ids_list):
+        return [self._logps(ids) + self.logprob_offset for ids in token_ids_list]
+
+    @torch.no_grad()
+    def generate(self, prompts, images, num_generations, profiler=None):
+        completions, logprobs = [], []
+        for ids in prompts:
+            out = self.policy.generate(
+                torch.tensor([ids]), do_sample=True, temperature=self.temperature, top_k=0,
+                max_new_tokens=self.max_completion_length, eos_token_id=self.eos, pad_token_id=self.eos,
+            )[0, len(ids):].tolist()
+            if self.eos in out:
+                out = out[: out.index(self.eos) + 1]
+            completions.append(out)
+            lps = self._logps(list(ids) + out)[-len(out):] + self.logprob_offset
+            logprobs.append([[float(x)] for x in lps])
+        return prompts, completions, logprobs, None
+
+
+@pytest.fixture
+def fake_sampler(monkeypatch):
+    monkeypatch.setattr(TriageGRPOTrainer, "_sampler_factory", lambda self, args, *rest: FakeSampler)
+    FakeSampler.logprob_offset = 0.0
+    return FakeSampler
+
+
+def _reward_len(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _dataset(n=8):
+    return Dataset.from_dict({"prompt": [f"What is {i} + {i}?\n" for i in range(n)]})
+
+
+def _args(cls, tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=B,
+        num_generations=B,
+        max_completion_length=T,
+        learning_rate=1e-3,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        loss_type="grpo",
+        model_init_kwargs={"dtype": torch.float32},
+    )
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def _trainer(cls, tmp_path, model_dir, **overrides):
+    trainer_cls = TriageGRPOTrainer if cls is TriageGRPOConfig else GRPOTrainer
+    trainer = trainer_cls(
+        model=model_dir, reward_funcs=_reward_len, args=_args(cls, tmp_path, **overrides), train_dataset=_dataset()
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _batch(trainer, *, seed=0, sampler_shift=None):
+    """A hand-built micro-batch with ragged completions, newline tokens and rollout-time learner log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(trainer._tokenizer)
+    newline = trainer._tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    completion_ids = torch.randint(10, vocab, (B, T), generator=g)
+    completion_ids[:, 3] = newline
+    completion_mask = torch.ones(B, T, dtype=torch.long)
+    completion_mask[1, 6:] = 0
+    completion_mask[3, 4:] = 0
+    inputs = {
+        "prompt_ids": torch.randint(10, vocab, (B, P), generator=g),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, -0.5, 0.25, -1.5]),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    with torch.no_grad():
+        old, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], completion_ids], 1),
+            torch.cat([inputs["prompt_mask"], completion_mask], 1),
+            T,
+        )
+    inputs["old_per_token_logps"] = old
+    shift = sampler_shift if sampler_shift is not None else 0.3 * torch.randn(B, T, generator=g)
+    inputs["sampling_per_token_logps"] = old - shift
+    return inputs
+
+
+def _loss_and_grads(trainer, inputs):
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_path):
+    args = _args(TriageGRPOConfig, tmp_path)
+    assert args.triage_mode == "full" and args.vllm_importance_sampling_correction is False
+    assert args.resolved_sync_probe_max_gap == 0.1
+    assert _args(TriageGRPOConfig, tmp_path, triage_mode="off").vllm_importance_sampling_correction is True
+    mixed = _args(TriageGRPOConfig, tmp_path, use_vllm=True, sampler_precision="nvfp4")
+    assert mixed.resolved_sync_probe_max_gap == 0.5
+    assert _args(TriageGRPOConfig, tmp_path, sync_probe_max_gap=0.02).resolved_sync_probe_max_gap == 0.02
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        ({"vllm_importance_sampling_correction": True}, ValueError, "twice"),
+        ({"loss_type": "cispo"}, NotImplementedError, "loss_type='cispo'"),
+        ({"loss_type": "sapo"}, NotImplementedError, "grpo, dr_grpo, dapo, bnpo"),
+        ({"top_p": 0.9}, ValueError, "top_p=0.9"),
+        ({"top_k": 20}, ValueError, "top_k=20"),
+        ({"repetition_penalty": 1.1}, ValueError, "repetition_penalty"),
+        ({"generation_kwargs": {"min_p": 0.1}}, ValueError, "generation_kwargs"),
+        ({"learner_precision": "fp8"}, ValueError, "learner_precision"),
+        ({"sampler_precision": "nvfp4"}, ValueError, "use_vllm=True"),
+        ({"sampler_precision": "nvfp4", "use_vllm": True, "vllm_mode": "server"}, ValueError, "colocate"),
+        ({"nvfp4_keep_first_blocks": -1}, ValueError, "nvfp4_keep_first_blocks"),
+        ({"nvfp4_calibration_prompts": 0}, ValueError, "nvfp4_calibration_prompts"),
+        ({"sync_probe_max_gap": 0.0}, ValueError, "sync_probe_max_gap"),
+        ({"triage_tail_quantile": 1.5}, ValueError, "triage_tail_quantile"),
+    ],
+)
+def test_config_validation_errors(tmp_path, overrides, error, match):
+    with pytest.raises(error, match=match):
+        _args(TriageGRPOConfig, tmp_path, **overrides)
+
+
+def test_config_allows_trl_correction_in_diagnose_and_any_loss_when_off(tmp_path):
+    diag = _args(TriageGRPOConfig, tmp_path, triage_mode="diagnose", vllm_importance_sampling_correction=True)
+    assert diag.vllm_importance_sampling_correction is True
+    off = _args(TriageGRPOConfig, tmp_path, triage_mode="off", loss_type="cispo", top_p=0.9)
+    assert off.loss_type == "cispo"
+
+
+def test_trainer_needs_sampler_logprobs_at_init(tmp_path, tiny_qwen3_dir):
+    with pytest.raises(ValueError, match="use_vllm=True"):
+        _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir)
+
+
+def test_trainer_refuses_plain_grpo_config(tmp_path, tiny_qwen3_dir):
+    with pytest.raises(TypeError, match="TriageGRPOConfig"):
+        TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=_args(GRPOConfig, tmp_path),
+                          train_dataset=_dataset())
+
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+def test_diagnose_equals_plain_grpo_loss_and_gradients(tmp_path, tiny_qwen3_dir, fake_sampler):
+    triage = _trainer(TriageGRPOConfig, tmp_path / "t", tiny_qwen3_dir, use_vllm=True, triage_mode="diagnose")
+    plain = _trainer(GRPOConfig, tmp_path / "p", tiny_qwen3_dir)
+    inputs = _batch(triage)
+    loss_t, grads_t = _loss_and_grads(triage, inputs)
+    loss_p, grads_p = _loss_and_grads(plain, inputs)
+    assert torch.equal(loss_t, loss_p)
+    assert grads_t.keys() == grads_p.keys() and len(grads_t) > 0
+    for name in grads_t:
+        assert torch.equal(grads_t[name], grads_p[name]), name
+    for name in METRIC_NAMES:  # diagnose still measures everything
+        assert math.isfinite(triage._metrics["train"][f"triage/{name}"][-1]), name
+
+
+def test_off_mode_is_plain_grpo(tmp_path, tiny_qwen3_dir, fake_sampler):
+    triage = _trainer(TriageGRPOConfig, tmp_path / "t", tiny_qwen3_dir, use_vllm=True, triage_mode="off",
+                      vllm_importance_sampling_correction=False)
+    plain = _trainer(GRPOConfig, tmp_path / "p", tiny_qwen3_dir)
+    inputs = _batch(triage)
+    assert torch.equal(_loss_and_grads(triage, inputs)[0], _loss_and_grads(plain, inputs)[0])
+    assert not any(k.startswith("triage/") for k in triage._metrics["train"])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_full_mode_scales_loss_by_the_repair_weight(tmp_path, tiny_qwen3_dir, fake_sampler, loss_type):
+    """Every valid token severe with excess log(1.5), no hot segment: every weight is 1.5, so loss and grads x1.5."""
+    common = dict(use_vllm=True, loss_type=loss_type, triage_hot_min_tokens=10_000)
+    full = _trainer(TriageGRPOConfig, tmp_path / "f", tiny_qwen3_dir, **common)
+    diag = _trainer(TriageGRPOConfig, tmp_path / "d", tiny_qwen3_dir, triage_mode="diagnose", **common)
+    inputs = _batch(full, sampler_shift=torch.full((B, T), math.log(2.0) + math.log(1.5)))
+    loss_f, grads_f = _loss_and_grads(full, inputs)
+    loss_d, grads_d = _loss_and_grads(diag, inputs)
+    assert full._metrics["train"]["triage/weight_min"][-1] == pytest.approx(1.5, rel=1e-6)
+    assert full._metrics["train"]["triage/weight_max"][-1] == pytest.approx(1.5, rel=1e-6)
+    torch.testing.assert_close(loss_f, 1.5 * loss_d, rtol=1e-6, atol=0)
+    for name in grads_d:
+        scale = float(grads_d[name].abs().max())  # float32 cancellation: tolerance relative to the tensor's scale
+        torch.testing.assert_close(grads_f[name], 1.5 * grads_d[name], rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_full_mode_loss_equals_weighted_closed_form(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """With old == current log-probs the GRPO per-token loss is -A; the loss is mean_b(-A_b * masked_mean_t(w))."""
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, loss_type="grpo",
+                       triage_tail_quantile=0.5, triage_hot_density=0.0)
+    inputs = _batch(trainer, seed=3)
+    loss, _ = _loss_and_grads(trainer, inputs)
+    mask = inputs["completion_mask"]
+    seg = segment_ids(inputs["completion_ids"], newline_table=trainer._newline_table)
+    w = triage_weights(inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["advantages"],
+                       mask, seg, trainer.args).weights
+    assert not torch.all(w == 1.0), "the batch must exercise non-trivial weights"
+    expected = (-inputs["advantages"] * (w * mask).sum(1) / mask.sum(1)).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_metrics_present_finite_and_nonfinite_sampler_counted(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
+    inputs = _batch(trainer)
+    inputs["sampling_per_token_logps"][0, 1] = float("nan")  # vLLM's unscorable token (TRL maps None to NaN)
+    inputs["sampling_per_token_logps"][2, 0] = float("-inf")
+    loss, _ = _loss_and_grads(trainer, inputs)
+    assert math.isfinite(float(loss))
+    metrics = trainer._metrics["train"]
+    for name in METRIC_NAMES:
+        assert len(metrics[f"triage/{name}"]) == 1 and math.isfinite(metrics[f"triage/{name}"][0]), name
+    assert metrics["triage/nonfinite_sampler_frac"][0] == pytest.approx(2 / int(inputs["completion_mask"].sum()))
+    assert metrics["triage/weight_max"][0] == pytest.approx(2.0)  # saturated repair C for NaN/-inf
+
+
+def test_missing_sampler_logprobs_error_names_the_fix(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
+    inputs = _batch(trainer)
+    del inputs["sampling_per_token_logps"]
+    with pytest.raises(ValueError, match="use_vllm=True.*rollout_func"):
+        trainer._compute_loss(trainer.model, inputs)
+
+
+def test_trl_ratio_never_reaches_the_loss(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """A stray TRL ratio in the batch is overwritten by TRIAGE's weights."""
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
+    inputs = _batch(trainer)
+    clean, _ = _loss_and_grads(trainer, inputs)
+    stray, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.full((B, T), 3.0)})
+    assert torch.equal(clean, stray)
+    assert trainer.vllm_importance_sampling_clip_min == trainer.vllm_importance_sampling_clip_max == 1.0
+    assert trainer.args.vllm_importance_sampling_correction is False
+
+
+# ---------------------------------------------------------------------------------------------- training loop
+
+
+def test_training_steps_with_stand_in_sampler(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=2,
+                       learning_rate=1e-4)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "triage/gap_abs_mean" in h]
+    assert len(logs) == 2
+    for entry in logs:
+        for name in METRIC_NAMES:
+            assert math.isfinite(entry[f"triage/{name}"]), name
+        assert entry["triage/sync_probe_gap"] < 1e-4  # the stand-in copies the weights exactly
+        assert not any(k.startswith("sampling/importance_sampling_ratio") for k in entry)
+        assert "sampling/sampling_logp_difference/mean" in entry  # TRL's own mismatch metric still logged
+    assert trainer.vllm_generation.syncs == 2
+    assert len(trainer.sync_probe_gaps) == 2
+
+    trainer.create_model_card(model_name="tiny-triage")  # TRL writes it next to checkpoints; the CLI calls it
+    card = (tmp_path / "README.md").read_text()
+    for tag in ("trl", "grpo", "triage", "nvfp4"):
+        assert f"- {tag}\n" in card
+    assert "2610.07043" in card and "@article{triage2026nvfp4" in card
+    assert "reconstructed from the abstract" in card
+    assert "| `triage_mode` | `full` |" in card and "| `sampler_precision` | `bf16` |" in card
+    assert "first vs last step" in card and "`triage/gap_abs_mean`" in card
+    assert "Kernels that ran" in card
+
+
+def test_skipped_sync_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3,
+                       learning_rate=5e-2, sync_probe_max_gap=1e-3)
+    first = trainer.vllm_generation.sync_weights
+    calls = {"n": 0}
+
+    def sync_once():  # the first sync works, every later one is "skipped"
+        calls["n"] += 1
+        if calls["n"] == 1:
+            first()
+
+    trainer.vllm_generation.sync_weights = sync_once
+    with pytest.raises(StaleSamplerError, match="stale"):
+        trainer.train()
+    assert trainer.sync_probe_gaps[0] < 1e-4 and trainer.sync_probe_gaps[-1] > 1e-3
+
+
+def test_corrupt_sampler_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
+    fake_sampler.logprob_offset = -0.5
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=1)
+    with pytest.raises(StaleSamplerError, match="0.5 nats"):
+        trainer.train()

@@ -1,0 +1,219 @@
+"""``TriageGRPOConfig``: TRL's ``GRPOConfig`` plus the TRIAGE objective and the NVFP4 run settings.
+
+Spec: ``shared/design/triage-objective.md`` (TRIAGE, arXiv 2610.07043, reconstructed from its abstract) and
+issue 4. The ``triage_*`` fields and their validation come from :class:`triage_trl.TriageConfig`; this file adds
+the precisions of the learner and of the sampler, the NVFP4 layer selection, the calibration size and the
+sync-probe bound, and checks the combinations TRL's own fields allow but TRIAGE cannot use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..triage_config import TriageConfig
+
+PRECISIONS = ("bf16", "nvfp4")
+# Loss types whose per-token policy-gradient term TRIAGE can weight through TRL's importance-sampling hook, and
+# whose aggregation the spec keeps unchanged (spec step 8).
+TRIAGE_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+# Sampling settings that change the distribution vLLM samples from (and so its processed log-probs) in ways the
+# learner's log-probs (log_softmax(logits / temperature)) do not reproduce.
+_INCOMPARABLE_GENERATION_KWARGS = (
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "temperature",
+)
+# Default bound of `triage/sync_probe_gap` (mean |learner - sampler| log-prob over the probe tokens, nats).
+SYNC_PROBE_DEFAULT_SAME_PRECISION = 0.1
+SYNC_PROBE_DEFAULT_MIXED_PRECISION = 0.5
+
+
+@dataclass
+class TriageGRPOConfig(GRPOConfig, TriageConfig):
+    r"""
+    Configuration of [`TriageGRPOTrainer`]: every [`~trl.GRPOConfig`] field, the `triage_*` fields of
+    [`triage_trl.TriageConfig`], and the NVFP4 settings below.
+
+    Parameters:
+        learner_precision (`str`, *optional*, defaults to `"bf16"`):
+            `"nvfp4"` swaps the learner's decoder linear layers for NVFP4 W4A4 layers before training.
+        sampler_precision (`str`, *optional*, defaults to `"bf16"`):
+            `"nvfp4"` serves the policy to the colocated vLLM sampler as a compressed-tensors NVFP4 checkpoint.
+        nvfp4_keep_first_blocks (`int`, *optional*, defaults to `0`):
+            Number of first decoder blocks kept in bf16 (learner and sampler).
+        nvfp4_keep_last_blocks (`int`, *optional*, defaults to `0`):
+            Number of last decoder blocks kept in bf16 (learner and sampler).
+        nvfp4_exclude_patterns (`list[str]` or `None`, *optional*):
+            Regular expressions of module names kept in bf16 (e.g. MoE router gates). `None`: the NVFP4 module's
+            defaults.
+        nvfp4_calibration_prompts (`int`, *optional*, defaults to `16`):
+            Number of training prompts used to calibrate the NVFP4 sampler's input global scales.
+        sync_probe_max_gap (`float` or `None`, *optional*):
+            Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
+            sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it the trainer
+            raises: the sampler is stale or corrupt. `None`: 0.1 when both precisions match, 0.5 when they differ.
+        vllm_importance_sampling_correction (`bool` or `None`, *optional*):
+            TRL's own vLLM importance-sampling correction. `None` (default) resolves to `False` while TRIAGE is on
+            (TRIAGE replaces it) and to TRL's default `True` when `triage_mode="off"`. Asking for `True` with
+            `triage_mode="full"` is an error (no token corrected twice); with `triage_mode="diagnose"` it keeps
+            TRL's correction in the loss and TRIAGE only measures.
+    """
+
+    learner_precision: str = field(
+        default="bf16",
+        metadata={
+            "help": "Learner forward precision: `bf16`, or `nvfp4` (decoder linear layers swapped for NVFP4 W4A4 "
+            "layers before training).",
+            "choices": list(PRECISIONS),
+        },
+    )
+    sampler_precision: str = field(
+        default="bf16",
+        metadata={
+            "help": "Colocated vLLM sampler precision: `bf16`, or `nvfp4` (served from a compressed-tensors NVFP4 "
+            "checkpoint, re-quantised from the learner after every optimizer step).",
+            "choices": list(PRECISIONS),
+        },
+    )
+    nvfp4_keep_first_blocks: int = field(
+        default=0,
+        metadata={"help": "Number of first decoder blocks kept in bf16 in NVFP4 runs; >= 0."},
+    )
+    nvfp4_keep_last_blocks: int = field(
+        default=0,
+        metadata={"help": "Number of last decoder blocks kept in bf16 in NVFP4 runs; >= 0."},
+    )
+    nvfp4_exclude_patterns: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Regular expressions of module names kept in bf16 in NVFP4 runs (e.g. MoE router gates). "
+            "Unset: the NVFP4 module's defaults."
+        },
+    )
+    nvfp4_calibration_prompts: int = field(
+        default=16,
+        metadata={"help": "Number of training prompts that calibrate the NVFP4 sampler's input global scales; >= 1."},
+    )
+    sync_probe_max_gap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Bound (nats) on `triage/sync_probe_gap`, the mean |learner - sampler| log-prob of a fixed probe "
+            "sequence measured after every weight sync; above it training stops with an error naming a stale or "
+            "corrupt sampler. Unset: 0.1 when learner and sampler precisions match, 0.5 when they differ."
+        },
+    )
+    # Overrides TRL's field (default True) with a `None` sentinel, so that an explicit request can be told apart
+    # from the default and TRIAGE can turn the correction off (spec step 8).
+    vllm_importance_sampling_correction: bool | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's vLLM importance-sampling correction. Unset: off while TRIAGE is on (TRIAGE replaces it), "
+            "TRL's default (on) when `triage_mode=off`. `true` with `triage_mode=full` is an error (no token is "
+            "corrected twice); with `triage_mode=diagnose` TRL's correction stays in the loss and TRIAGE only measures."
+        },
+    )
+
+    def __post_init__(self):
+        # Resolve TRL's correction before GRPOConfig validates its modes and clips. After this, True with TRIAGE on
+        # means: diagnose mode, TRL's correction explicitly requested.
+        if self.vllm_importance_sampling_correction is None:
+            self.vllm_importance_sampling_correction = self.triage_mode == "off"
+        elif self.vllm_importance_sampling_correction and self.triage_mode == "full":
+            raise ValueError(
+                "vllm_importance_sampling_correction=True with triage_mode='full' would correct every token twice: "
+                "TRIAGE's bounded repair replaces TRL's importance-sampling correction. Unset "
+                "vllm_importance_sampling_correction (or set it to False), or use triage_mode='diagnose' to keep "
+                "TRL's correction and only measure the mismatch."
+            )
+        super().__post_init__()
+        self.validate_triage()
+        self._validate_nvfp4()
+        if self.triage_mode != "off":
+            self._validate_triage_with_grpo()
+
+    @property
+    def resolved_sync_probe_max_gap(self) -> float:
+        """The bound on `triage/sync_probe_gap` (nats) this run uses."""
+        if self.sync_probe_max_gap is not None:
+            return float(self.sync_probe_max_gap)
+        if self.learner_precision == self.sampler_precision:
+            return SYNC_PROBE_DEFAULT_SAME_PRECISION
+        return SYNC_PROBE_DEFAULT_MIXED_PRECISION
+
+    def nvfp4_settings(self) -> dict:
+        """The precision and NVFP4 fields as a plain dict (for logs and model cards)."""
+        names = (
+            "learner_precision",
+            "sampler_precision",
+            "nvfp4_keep_first_blocks",
+            "nvfp4_keep_last_blocks",
+            "nvfp4_exclude_patterns",
+            "nvfp4_calibration_prompts",
+        )
+        settings = {name: getattr(self, name) for name in names}
+        settings["sync_probe_max_gap"] = self.resolved_sync_probe_max_gap
+        return settings
+
+    def _validate_nvfp4(self) -> None:
+        for name in ("learner_precision", "sampler_precision"):
+            if getattr(self, name) not in PRECISIONS:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be 'bf16' or 'nvfp4'.")
+        for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= 0.")
+        value = self.nvfp4_calibration_prompts
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"nvfp4_calibration_prompts={value!r} is out of range: it must be an integer >= 1.")
+        if self.sync_probe_max_gap is not None and not self.sync_probe_max_gap > 0:
+            raise ValueError(
+                f"sync_probe_max_gap={self.sync_probe_max_gap!r} is out of range: it must be > 0 (nats), or unset "
+                "for the precision-dependent default."
+            )
+        if self.sampler_precision == "nvfp4":
+            if not self.use_vllm:
+                raise ValueError(
+                    "sampler_precision='nvfp4' needs the vLLM sampler: set use_vllm=True (vllm_mode='colocate')."
+                )
+            if self.vllm_mode != "colocate":
+                raise ValueError(
+                    f"sampler_precision='nvfp4' needs vllm_mode='colocate' (got {self.vllm_mode!r}): the NVFP4 "
+                    "checkpoint and its in-place reloads are made in the trainer's process."
+                )
+
+    def _validate_triage_with_grpo(self) -> None:
+        if self.loss_type not in TRIAGE_LOSS_TYPES:
+            raise NotImplementedError(
+                f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; got "
+                f"loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
+            )
+        problems = []
+        if self.top_p != 1.0:
+            problems.append(f"top_p={self.top_p}")
+        if self.top_k not in (0, -1, None):
+            problems.append(f"top_k={self.top_k}")
+        if self.min_p not in (0, 0.0, None):
+            problems.append(f"min_p={self.min_p}")
+        if self.repetition_penalty != 1.0:
+            problems.append(f"repetition_penalty={self.repetition_penalty}")
+        for key in _INCOMPARABLE_GENERATION_KWARGS:
+            if key in (self.generation_kwargs or {}):
+                problems.append(f"generation_kwargs[{key!r}]")
+        if self.temperature <= 0:
+            problems.append(f"temperature={self.temperature}")
+        if problems:
+            raise ValueError(
+                f"TRIAGE compares the sampler's log-probs with the learner's log_softmax(logits / temperature), but "
+                f"{', '.join(problems)} changes the distribution vLLM samples from, which biases the gap. Use "
+                "temperature > 0 with top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0 and no sampling "
+                "overrides in generation_kwargs, or set triage_mode='off'."
+            )

@@ -1,0 +1,76 @@
+"""The sync probe: after every weight sync, the sampler and the learner score one fixed sequence.
+
+Issue 4, deliverable 3: a sampler left with old (or corrupt) weights must never train silently. The probe is
+independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM, at the sampling
+temperature) and by the learner (TRL's log-prob path, same temperature). Their mean absolute per-token log-prob
+difference is ``triage/sync_probe_gap``; above the configured bound the trainer raises :class:`StaleSamplerError`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Plain text with newlines, digits and common words: every tokenizer splits it into many ordinary tokens.
+PROBE_TEXT = (
+    "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\n"
+    "The quick brown fox jumps over the lazy dog.\nSo the final answer is \\boxed{42}."
+)
+
+
+class StaleSamplerError(RuntimeError):
+    """The sampler's log-probs of the probe sequence moved too far from the learner's after a weight sync."""
+
+
+def probe_token_ids(tokenizer, min_tokens: int = 8) -> list[int]:
+    """Token ids of :data:`PROBE_TEXT` (no special tokens added).
+
+    Raises:
+        ValueError: the tokenizer gives fewer than ``min_tokens`` tokens for the probe text.
+    """
+    ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    if len(ids) < min_tokens:
+        raise ValueError(
+            f"The sync probe text tokenises to {len(ids)} tokens (< {min_tokens}); the tokenizer cannot score it."
+        )
+    return list(ids)
+
+
+def probe_gap(learner_logps: torch.Tensor, sampler_logps: torch.Tensor) -> tuple[float, float]:
+    """Mean and max of ``|learner - sampler|`` over the probe's scored tokens.
+
+    Args:
+        learner_logps: (N,) learner log-probs (nats) of probe tokens 1..N.
+        sampler_logps: (N,) the sampler's log-probs of the same tokens.
+
+    Returns:
+        ``(mean_abs_gap, max_abs_gap)`` in nats; ``(inf, inf)`` when any value is non-finite (a corrupt sampler).
+
+    Raises:
+        ValueError: the two have different shapes (the sampler scored a different sequence).
+    """
+    learner = learner_logps.detach().double().flatten().cpu()
+    sampler = torch.as_tensor(sampler_logps).detach().double().flatten().cpu()
+    if learner.shape != sampler.shape:
+        raise ValueError(
+            f"The sampler scored {sampler.numel()} probe tokens but the learner {learner.numel()}: score_logps must "
+            "return one log-prob per token after the first."
+        )
+    diff = (learner - sampler).abs()
+    if not bool(torch.isfinite(diff).all()):
+        return math.inf, math.inf
+    return float(diff.mean()), float(diff.max())
+
+
+def check_probe_gap(gap: float, bound: float, *, step: int, learner_precision: str, sampler_precision: str) -> None:
+    """Raise :class:`StaleSamplerError` when ``gap`` (nats) is not finite or exceeds ``bound``."""
+    if math.isfinite(gap) and gap <= bound:
+        return
+    raise StaleSamplerError(
+        f"Sync probe at step {step}: the sampler's log-probs of the probe sequence differ from the learner's by "
+        f"{gap:.4g} nats on average (bound {bound:.4g}, learner {learner_precision}, sampler {sampler_precision}). "
+        "The sampler is stale (a skipped or partial weight sync) or corrupt (a bad reload, e.g. per-tensor loading "
+        "on the vLLM CPU build). Check the sampler's sync_weights; raise sync_probe_max_gap only if this gap is the "
+        "expected precision mismatch."
+    )
