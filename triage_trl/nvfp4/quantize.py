@@ -36,6 +36,7 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 __all__ = [
     "BLOCK_SIZE",
+    "compile_available",
     "E2M1_GRID",
     "F4_E2M1_MAX",
     "F8E4M3_MAX",
@@ -129,15 +130,21 @@ def _fake_quantize_eager(x: torch.Tensor, per_tensor_scale: torch.Tensor) -> tor
     return out.reshape(shape).to(dtype)
 
 
-_compiled = None
+def _fake_quantize_dynamic_eager(x: torch.Tensor) -> torch.Tensor:
+    # The amax reduction and the quantise-dequantise in one compiled graph.
+    return _fake_quantize_eager(x, dynamic_per_tensor_scale(x))
+
+
+_compiled: dict[str, object] = {}
 _compile_failed = False
 
 
-def _compiled_kernel():
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_fake_quantize_eager, dynamic=True)
-    return _compiled
+def _compiled_kernel(dynamic_scale: bool):
+    key = "dynamic" if dynamic_scale else "static"
+    if key not in _compiled:
+        fn = _fake_quantize_dynamic_eager if dynamic_scale else _fake_quantize_eager
+        _compiled[key] = torch.compile(fn, dynamic=True)
+    return _compiled[key]
 
 
 def nvfp4_fake_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,15 +162,21 @@ def nvfp4_fake_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None =
     """
     global _compile_failed
     _check_input(x)
-    if per_tensor_scale is None:
-        per_tensor_scale = dynamic_per_tensor_scale(x)
-    per_tensor_scale = per_tensor_scale.detach().float().reshape(()).to(x.device)
     x = x.detach()
+    if per_tensor_scale is not None:
+        per_tensor_scale = per_tensor_scale.detach().float().reshape(()).to(x.device)
     if _compile_failed or os.environ.get("TRIAGE_NVFP4_NO_COMPILE") == "1":
         return nvfp4_fake_quantize_reference(x, per_tensor_scale)
     try:
-        return _compiled_kernel()(x, per_tensor_scale)
+        if per_tensor_scale is None:
+            return _compiled_kernel(True)(x)
+        return _compiled_kernel(False)(x, per_tensor_scale)
     except Exception as err:  # compile toolchain missing or backend error
         _compile_failed = True
         logger.warning("torch.compile of the NVFP4 fake-quantiser failed (%s); using torchao's eager path.", err)
         return nvfp4_fake_quantize_reference(x, per_tensor_scale)
+
+
+def compile_available() -> bool:
+    """False once ``torch.compile`` of the fast path has failed (or is disabled by env)."""
+    return not _compile_failed and os.environ.get("TRIAGE_NVFP4_NO_COMPILE") != "1"

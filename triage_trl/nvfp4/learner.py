@@ -1,0 +1,291 @@
+"""The learner's NVFP4 W4A4 linear layers: torchao's native training path, or an exact emulation.
+
+``convert_to_nvfp4_learner(model)`` swaps a transformers model's decoder linears in place:
+
+* **native** (sm100+ GPU, torchao ``NVFP4TrainingConfig`` through ``quantize_`` with a filter):
+  torchao's ``NVFP4Linear``; all three GEMMs run in NVFP4 (backward with random Hadamard
+  transforms and stochastic rounding). torchao requires in/out features divisible by 128 (and the
+  token count M divisible by 128 at run time); other layers fall back to the emulation.
+* **emulated** (CPU, Hopper, anything else): ``NVFP4EmulatedLinear``, below.
+
+Selection: linears inside the decoder blocks (``...layers.<i>...``) only, never embeddings or
+``lm_head``; optionally keep the first/last N blocks in bf16 and skip names matching
+``exclude_patterns`` (MoE router gates by default). A layer whose in/out features are not
+multiples of 16 stays in bf16 (one warning lists them all).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import base_linear, block_index, hf_model, is_lora_layer, iter_logical_linears
+from .quantize import BLOCK_SIZE, nvfp4_fake_quantize
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "NVFP4ConversionReport",
+    "NVFP4EmulatedLinear",
+    "LayerDecision",
+    "convert_to_nvfp4_learner",
+    "native_nvfp4_available",
+]
+
+NATIVE_MULTIPLE = 128  # torchao nvfp4_mm_triton: M, K, N divisible by 128
+
+
+class _EmulatedW4A4Matmul(torch.autograd.Function):
+    """``y = Q(x) @ Q(W)^T + b`` forward; straight-through backward with the dequantised operands:
+    ``dx = dy @ Q(W)``, ``dW = dy^T @ Q(x)``, ``db = sum(dy)`` (the STE of torchao's QAT)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, weight_dq, bias):
+        x_dq = nvfp4_fake_quantize(x)
+        w = weight_dq.to(x.dtype)
+        ctx.save_for_backward(x_dq, w)
+        ctx.weight_dtype = weight.dtype
+        return F.linear(x_dq, w, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_dq, w = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out @ w
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
+            g2 = grad_out.reshape(-1, grad_out.shape[-1])
+            if ctx.needs_input_grad[1]:
+                grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(ctx.weight_dtype)
+            if ctx.needs_input_grad[3]:
+                grad_b = g2.sum(0)
+        return grad_x, grad_w, None, grad_b
+
+
+class NVFP4EmulatedLinear(nn.Linear):
+    """``nn.Linear`` computing NVFP4 W4A4 by fake quantisation, with high-precision master weights.
+
+    Forward: ``y = dequant(Q(x)) @ dequant(Q(W))^T + b`` where ``Q`` is torchao's NVFP4 quantiser
+    (``triage_trl.nvfp4.quantize``; 16-element blocks along the input features, E4M3 block scales,
+    FP32 per-tensor scale ``amax / 2688``, dynamic per call for the activations ``x`` [..., in],
+    per weight version for ``W`` [out, in]). Backward: straight-through to ``x`` and ``W``.
+
+    Matches the native sm100 kernel: the E2M1 codes, block scales and tensor scales of the
+    forward operands (torchao's quantiser, bit for bit), hence every product. Differs: the
+    matmul accumulates in the compute dtype's BLAS order (the native kernel accumulates FP4
+    products in FP32 inside the tensor core, then scales) so outputs differ by rounding; torchao's
+    native path quantises the weight with its 2-D Triton kernel and the activations after its own
+    amax kernel; and its backward GEMMs run in NVFP4 with Hadamard transforms and stochastic
+    rounding, whereas this backward uses the dequantised forward operands and full-precision
+    gradients.
+
+    The weight's fake-quantised copy is cached and recomputed only when the weight changes
+    (``weight._version`` / storage, i.e. after an optimizer step). PEFT LoRA can wrap this module
+    (it is an ``nn.Linear``); adapters then run unquantised next to it.
+    """
+
+    nvfp4_learner_path = "emulated"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> NVFP4EmulatedLinear:
+        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new._weight_cache_key = None
+        new._weight_dq = None
+        return new
+
+    def fake_quantized_weight(self) -> torch.Tensor:
+        """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight version."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+        if self._weight_dq is None or self._weight_cache_key != key:
+            self._weight_dq = nvfp4_fake_quantize(w.detach())
+            self._weight_cache_key = key
+        return self._weight_dq
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return _EmulatedW4A4Matmul.apply(x, self.weight, self.fake_quantized_weight(), bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", nvfp4=emulated W4A4"
+
+
+@dataclass
+class LayerDecision:
+    """How one linear runs in the learner: ``path`` is native, emulated or kept-bf16."""
+
+    path: str
+    reason: str = ""
+
+
+@dataclass
+class NVFP4ConversionReport:
+    """Per-layer outcome of ``convert_to_nvfp4_learner``, keyed by Hugging Face module name."""
+
+    layers: dict[str, LayerDecision] = field(default_factory=dict)
+
+    def names(self, path: str) -> list[str]:
+        """Layer names that took ``path`` ("native", "emulated" or "kept-bf16")."""
+        return [n for n, d in self.layers.items() if d.path == path]
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the trainer's logs: ``{"nvfp4/native": n, "nvfp4/emulated": n,
+        "nvfp4/kept_bf16": n}``."""
+        return {
+            "nvfp4/native": len(self.names("native")),
+            "nvfp4/emulated": len(self.names("emulated")),
+            "nvfp4/kept_bf16": len(self.names("kept-bf16")),
+        }
+
+    def __str__(self) -> str:
+        lines = [", ".join(f"{k}={v}" for k, v in self.summary().items())]
+        for name, d in self.layers.items():
+            lines.append(f"  {name}: {d.path}" + (f" ({d.reason})" if d.reason else ""))
+        return "\n".join(lines)
+
+
+def native_nvfp4_available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether torchao's native NVFP4 training path can run on ``device`` (default: current CUDA).
+
+    Returns ``(ok, reason)``; needs a CUDA device of compute capability >= 10.0 (sm100) and
+    ``torchao.prototype.moe_training.nvfp4_training``.
+    """
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda":
+        return False, f"model is on {dev.type}, not CUDA"
+    major, minor = torch.cuda.get_device_capability(dev)
+    if major < 10:
+        return False, f"GPU is sm{major}{minor}; torchao's NVFP4 training kernels need sm100+"
+    try:
+        from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure means no native path
+        return False, f"torchao NVFP4 training unavailable ({err})"
+    return True, ""
+
+
+def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def _owner_of_base(root: nn.Module, name: str, module: nn.Module) -> tuple[nn.Module, str]:
+    """(parent, attribute) holding the innermost base linear of logical linear ``name``."""
+    if not is_lora_layer(module):
+        parent_name, _, child = name.rpartition(".")
+        return (root.get_submodule(parent_name) if parent_name else root), child
+    while is_lora_layer(module.base_layer):
+        module = module.base_layer
+    return module, "base_layer"
+
+
+def convert_to_nvfp4_learner(
+    model: nn.Module,
+    *,
+    keep_first_blocks: int = 0,
+    keep_last_blocks: int = 0,
+    exclude_patterns: Sequence[str] = (r"mlp.gate$", "router"),
+    native: bool | str = "auto",
+) -> NVFP4ConversionReport:
+    """Put NVFP4 W4A4 linears into a transformers model's decoder blocks, in place.
+
+    Args:
+        model: a transformers model (or a ``peft`` model around one); parameters are kept (the
+            new modules share them), so optimizers built before still apply.
+        keep_first_blocks / keep_last_blocks: leave that many leading/trailing decoder blocks
+            (``config.num_hidden_layers``) in bf16.
+        exclude_patterns: regexes (``re.search`` on the Hugging Face module name) of linears to
+            keep in bf16, e.g. MoE router gates.
+        native: ``"auto"`` uses torchao's native path where the GPU (sm100+) and shapes allow,
+            else emulation; ``True`` requires native; ``False`` always emulates.
+
+    Returns:
+        ``NVFP4ConversionReport`` with each linear's path and reason.
+
+    Raises:
+        ValueError: ``native=True`` where native NVFP4 training is unavailable (use
+            ``native=False`` or ``"auto"`` for the emulated W4A4 path); ``native`` not one of
+            True/False/"auto"; negative keep counts.
+    """
+    if native not in (True, False, "auto"):
+        raise ValueError(f"native must be True, False or 'auto', got {native!r}.")
+    if keep_first_blocks < 0 or keep_last_blocks < 0:
+        raise ValueError("keep_first_blocks and keep_last_blocks must be >= 0.")
+    root = hf_model(model)
+    param = next(root.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    native_ok, native_why = (False, "native=False") if native is False else native_nvfp4_available(device)
+    if native is True and not native_ok:
+        raise ValueError(
+            f"native NVFP4 training is unavailable here ({native_why}). Use native=False (or "
+            "native='auto') for the emulated W4A4 path, which runs on any device."
+        )
+
+    linears = list(iter_logical_linears(model))
+    n_blocks = getattr(getattr(root, "config", None), "num_hidden_layers", None)
+    if n_blocks is None:
+        indices = [block_index(n) for n, _ in linears if block_index(n) is not None]
+        n_blocks = max(indices) + 1 if indices else 0
+    report = NVFP4ConversionReport()
+    misaligned = []
+    native_names = []
+    for name, module in linears:
+        lin = base_linear(module)
+        idx = block_index(name)
+        existing = getattr(lin, "nvfp4_learner_path", None)
+        if existing is not None:
+            report.layers[name] = LayerDecision(existing, "already converted")
+        elif idx is None:
+            report.layers[name] = LayerDecision("kept-bf16", "outside the decoder blocks")
+        elif idx < keep_first_blocks:
+            report.layers[name] = LayerDecision("kept-bf16", f"block {idx} < keep_first_blocks")
+        elif idx >= n_blocks - keep_last_blocks:
+            report.layers[name] = LayerDecision("kept-bf16", f"block {idx} in keep_last_blocks")
+        elif any(re.search(p, name) for p in exclude_patterns):
+            report.layers[name] = LayerDecision("kept-bf16", "matches exclude_patterns")
+        elif lin.in_features % BLOCK_SIZE or lin.out_features % BLOCK_SIZE:
+            report.layers[name] = LayerDecision(
+                "kept-bf16", f"{lin.in_features}x{lin.out_features} not multiples of {BLOCK_SIZE}"
+            )
+            misaligned.append(name)
+        elif native_ok and lin.in_features % NATIVE_MULTIPLE == 0 and lin.out_features % NATIVE_MULTIPLE == 0:
+            report.layers[name] = LayerDecision("native")
+            native_names.append(name)
+        else:
+            why = native_why if not native_ok else f"in/out not multiples of {NATIVE_MULTIPLE} for torchao"
+            report.layers[name] = LayerDecision("emulated", why)
+            parent, attr = _owner_of_base(root, name, module)
+            setattr(parent, attr, NVFP4EmulatedLinear.from_linear(lin))
+    if misaligned:
+        logger.warning(
+            "NVFP4 learner: %d linear layer(s) have dimensions that are not multiples of %d and stay "
+            "in bf16: %s",
+            len(misaligned), BLOCK_SIZE, ", ".join(misaligned),
+        )
+    if native_names:
+        _apply_native(root, linears, set(native_names))
+    return report
+
+
+def _apply_native(root: nn.Module, linears, names: set[str]) -> None:
+    from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig
+    from torchao.quantization import quantize_
+
+    targets = {id(base_linear(m)) for n, m in linears if n in names}
+    quantize_(root, NVFP4TrainingConfig(), filter_fn=lambda mod, _fqn: id(mod) in targets)
+    for name, module in iter_logical_linears(root):
+        if name in names:
+            base_linear(module).nvfp4_learner_path = "native"
