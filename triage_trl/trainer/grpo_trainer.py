@@ -136,7 +136,10 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.sync_probe_gaps: list[float] = []
         self.triage_history: list[dict[str, float]] = []
         if self.nvfp4_learner_report is not None:
-            logger.info("NVFP4 learner layers:\n%s", _report_text(self.nvfp4_learner_report))
+            logger.info("NVFP4 learner layers: %s", self.nvfp4_learner_report)
+            summary = getattr(self.nvfp4_learner_report, "summary", None)
+            for name, count in (summary() if callable(summary) else {}).items():  # in the first logged step
+                self._metrics["train"][name].append(float(count))
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -155,12 +158,10 @@ class TriageGRPOTrainer(GRPOTrainer):
             model = create_model_from_path(model, **model_init_kwargs)
             # Used above; TRL would warn that they are ignored for an instantiated model.
             args.model_init_kwargs = None
-        report = convert_to_nvfp4_learner(
-            model,
-            keep_first_blocks=args.nvfp4_keep_first_blocks,
-            keep_last_blocks=args.nvfp4_keep_last_blocks,
-            exclude_patterns=args.nvfp4_exclude_patterns,
-        )
+        options = {"keep_first_blocks": args.nvfp4_keep_first_blocks, "keep_last_blocks": args.nvfp4_keep_last_blocks}
+        if args.nvfp4_exclude_patterns is not None:  # else the NVFP4 module's defaults (MoE router gates)
+            options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
+        report = convert_to_nvfp4_learner(model, **options)
         return model, report
 
     def _sampler_factory(self, args: TriageGRPOConfig, train_dataset, processing_class, model):
@@ -350,9 +351,15 @@ def _calibration_prompts(train_dataset, n: int) -> list:
 
 
 def _report_text(report) -> str:
+    """One line for a card or log: a report's ``summary()`` counts when it has them, else its text."""
     if isinstance(report, str):
         return report
-    if hasattr(report, "summary"):
-        summary = report.summary
-        return summary() if callable(summary) else str(summary)
+    summary = getattr(report, "summary", None)
+    summary = summary() if callable(summary) else summary
+    if isinstance(summary, dict):
+        return ", ".join(f"{k}={v}" for k, v in summary.items())
+    if summary is not None:
+        return str(summary)
+    if isinstance(report, dict):
+        return ", ".join(f"{k}={v}" for k, v in report.items())
     return str(report)

@@ -1,0 +1,134 @@
+"""``triage-grpo`` / ``python -m triage_trl``: TRIAGE-GRPO training from a YAML recipe plus CLI overrides.
+
+Parsed with TRL's ``TrlParser`` over (:class:`TriageScriptArguments`, :class:`TriageGRPOConfig`,
+``trl.ModelConfig``), like TRL's own ``trl grpo``::
+
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m triage_trl --config recipes/tiny_cpu.yaml
+    triage-grpo --config recipes/qwen3_4b_nvfp4_triage.yaml --max_steps 10
+
+``model_name_or_path: tiny-qwen3`` builds a tiny random Qwen3 and its tokenizer offline into
+``<output_dir>/tiny-qwen3`` (no hub access). The dataset is the synthetic arithmetic task built in code
+(``triage_trl.trainer.arith``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from dataclasses import dataclass, field
+
+TINY_MODEL = "tiny-qwen3"
+
+
+@dataclass
+class TriageScriptArguments:
+    """Script arguments of the TRIAGE-GRPO entry point."""
+
+    dataset_name: str = field(
+        default="arith",
+        metadata={"help": "Training data; `arith` is the synthetic arithmetic task built in code (no hub).",
+                  "choices": ["arith"]},
+    )
+    dataset_size: int = field(default=64, metadata={"help": "Number of arithmetic prompts; >= 1."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the arithmetic prompts."})
+    max_operand: int = field(default=20, metadata={"help": "Largest operand of the arithmetic prompts."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["boxed_answer_reward"],
+        metadata={
+            "help": "Reward functions: `boxed_answer_reward`, `digit_share_reward`, or a dotted import path "
+            "(`my_pkg.rewards.my_reward`)."
+        },
+    )
+
+
+def make_parser():
+    """TRL's ``TrlParser`` over (script args, ``TriageGRPOConfig``, ``ModelConfig``)."""
+    from trl import ModelConfig, TrlParser
+
+    from .trainer import TriageGRPOConfig
+
+    return TrlParser((TriageScriptArguments, TriageGRPOConfig, ModelConfig), prog="triage-grpo")
+
+
+def resolve_reward_funcs(names: list[str]) -> list:
+    """Reward callables for ``names`` (built-in names or dotted import paths).
+
+    Raises:
+        ValueError: a name is neither built in nor an importable ``module.function`` path.
+    """
+    from .trainer.arith import REWARD_FUNCS
+
+    funcs = []
+    for name in names:
+        if name in REWARD_FUNCS:
+            funcs.append(REWARD_FUNCS[name])
+        elif "." in name:
+            module, attr = name.rsplit(".", 1)
+            funcs.append(getattr(importlib.import_module(module), attr))
+        else:
+            raise ValueError(
+                f"Unknown reward function {name!r}: use one of {sorted(REWARD_FUNCS)} or a dotted import path."
+            )
+    return funcs
+
+
+def resolve_model(model_name_or_path: str | None, output_dir: str) -> str:
+    """The model path to train: ``tiny-qwen3`` is built offline under ``output_dir``; anything else is returned.
+
+    Raises:
+        ValueError: no model was given.
+    """
+    if not model_name_or_path:
+        raise ValueError("Set model_name_or_path (a hub id, a local folder, or `tiny-qwen3` for an offline tiny model).")
+    if model_name_or_path != TINY_MODEL:
+        return model_name_or_path
+    from .testing import save_tiny_qwen3
+
+    path = os.path.join(output_dir, TINY_MODEL)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        save_tiny_qwen3(path)
+    return path
+
+
+def run(script_args: TriageScriptArguments, training_args, model_args):
+    """Build the dataset, rewards and trainer; train; save the model and its card. Returns the trainer."""
+    from trl import get_peft_config
+
+    from .trainer import TriageGRPOTrainer
+    from .trainer.arith import arith_dataset
+
+    logging.getLogger("triage_trl").setLevel(logging.INFO)
+    model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)
+    model_init_kwargs = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
+                         "revision": model_args.model_revision}
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
+
+    dataset = arith_dataset(script_args.dataset_size, seed=script_args.dataset_seed,
+                            max_operand=script_args.max_operand)
+    trainer = TriageGRPOTrainer(
+        model=model_path,
+        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
+        args=training_args,
+        train_dataset=dataset,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
+                              dataset_name=None)
+    trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub()
+    return trainer
+
+
+def main(argv: list[str] | None = None):
+    """Entry point of ``triage-grpo`` and ``python -m triage_trl``."""
+    script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
+    return run(script_args, training_args, model_args)
+
+
+if __name__ == "__main__":
+    main()
