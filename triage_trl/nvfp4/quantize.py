@@ -167,10 +167,11 @@ def nvfp4_fake_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None =
         per_tensor_scale = per_tensor_scale.detach().float().reshape(()).to(x.device)
     if _compile_failed or os.environ.get("TRIAGE_NVFP4_NO_COMPILE") == "1":
         return nvfp4_fake_quantize_reference(x, per_tensor_scale)
+    x2d = x.reshape(-1, x.shape[-1])  # one compiled graph per dtype, whatever the batch shape
     try:
         if per_tensor_scale is None:
-            return _compiled_kernel(True)(x)
-        return _compiled_kernel(False)(x, per_tensor_scale)
+            return _compiled_kernel(True)(x2d).reshape(x.shape)
+        return _compiled_kernel(False)(x2d, per_tensor_scale).reshape(x.shape)
     except Exception as err:  # compile toolchain missing or backend error
         _compile_failed = True
         logger.warning("torch.compile of the NVFP4 fake-quantiser failed (%s); using torchao's eager path.", err)
