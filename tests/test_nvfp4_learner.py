@@ -1,0 +1,174 @@
+"""NVFP4 learner: the emulated W4A4 linear's exact numerics and gradients, layer selection and the
+conversion report, the native-path error without sm100, and PEFT LoRA on top."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from triage_trl.nvfp4.learner import NVFP4EmulatedLinear, convert_to_nvfp4_learner, native_nvfp4_available
+from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
+
+
+def _layer(in_f=64, out_f=48, bias=True, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    return NVFP4EmulatedLinear.from_linear(nn.Linear(in_f, out_f, bias=bias).to(dtype))
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 64), (2, 7, 64), (3, 1, 64)], ids=["2d", "3d-batch2", "3d-batch3-seq1"]
+)
+def test_emulated_forward_equals_dequant_matmul_exactly(shape):
+    layer = _layer()
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    expected = F.linear(nvfp4_fake_quantize_reference(x), nvfp4_fake_quantize_reference(layer.weight.detach()), layer.bias)
+    assert torch.equal(layer(x), expected)
+
+
+def test_emulated_forward_non_contiguous_input():
+    layer = _layer()
+    x = torch.randn(64, 6, dtype=torch.bfloat16).t()  # [6, 64], non-contiguous
+    expected = F.linear(nvfp4_fake_quantize_reference(x.contiguous()), nvfp4_fake_quantize_reference(layer.weight.detach()), layer.bias)
+    assert torch.equal(layer(x), expected)
+
+
+def test_emulated_gradients_straight_through():
+    layer = _layer(dtype=torch.float32)
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    g = torch.randn(2, 5, 48)
+    layer(x).backward(g)
+    x_dq = nvfp4_fake_quantize_reference(x.detach())
+    w_dq = nvfp4_fake_quantize_reference(layer.weight.detach())
+    torch.testing.assert_close(x.grad, g @ w_dq, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(layer.weight.grad, g.reshape(-1, 48).t() @ x_dq.reshape(-1, 64), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.bias.grad, g.sum((0, 1)), rtol=1e-6, atol=1e-6)
+    assert layer.weight.grad.dtype == torch.float32
+
+
+def test_frozen_weight_gets_no_grad():
+    layer = _layer(bias=False)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(3, 64, dtype=torch.bfloat16, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and x.grad is not None and x.grad.shape == x.shape
+
+
+def test_weight_cache_invalidated_by_optimizer_step():
+    layer = _layer(dtype=torch.float32)
+    first = layer.fake_quantized_weight()
+    assert layer.fake_quantized_weight() is first  # cached between steps
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    layer(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    second = layer.fake_quantized_weight()
+    assert second is not first
+    assert torch.equal(second, nvfp4_fake_quantize_reference(layer.weight.detach()))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from triage_trl.testing import save_tiny_qwen3
+
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-learner"), num_hidden_layers=3)
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+
+
+def test_convert_selects_decoder_linears_only(tiny_model_dir):
+    model = _load(tiny_model_dir)
+    weight_ids = {n: id(p) for n, p in model.named_parameters()}
+    report = convert_to_nvfp4_learner(model, keep_first_blocks=1, keep_last_blocks=1, exclude_patterns=("down_proj",))
+    assert report.summary() == {"nvfp4/native": 0, "nvfp4/emulated": 6, "nvfp4/kept_bf16": 7 * 2 + 1 + 1}
+    assert report.names("emulated") == [
+        f"model.layers.1.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")
+    ]
+    assert report.layers["lm_head"].path == "kept-bf16"
+    assert report.layers["model.layers.1.mlp.down_proj"].reason == "matches exclude_patterns"
+    assert type(model.lm_head) is nn.Linear and type(model.model.layers[0].mlp.up_proj) is nn.Linear
+    assert isinstance(model.model.layers[1].mlp.up_proj, NVFP4EmulatedLinear)
+    assert {n: id(p) for n, p in model.named_parameters()} == weight_ids  # master weights shared
+    assert "nvfp4/emulated=6" in str(report)
+
+
+def test_convert_keeps_misaligned_layers_with_one_warning(caplog):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(32, 24)
+            self.b = nn.Linear(20, 32)
+            self.c = nn.Linear(32, 32)
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block()])
+
+    model = Tiny()
+    with caplog.at_level(logging.WARNING, logger="triage_trl.nvfp4.learner"):
+        report = convert_to_nvfp4_learner(model)
+    assert [r for r in caplog.records if "not multiples of 16" in r.getMessage()].__len__() == 1
+    assert report.layers["layers.0.a"].path == "kept-bf16" and report.layers["layers.0.b"].path == "kept-bf16"
+    assert report.layers["layers.0.c"].path == "emulated"
+
+
+@pytest.mark.skipif(native_nvfp4_available()[0], reason="this machine has an sm100 GPU; the error is for machines without")
+def test_native_without_sm100_raises_naming_emulation(tiny_model_dir):
+    model = _load(tiny_model_dir)
+    with pytest.raises(ValueError, match=r"native=False.*'auto'.*emulated"):
+        convert_to_nvfp4_learner(model, native=True)
+    assert all(type(m) is not NVFP4EmulatedLinear for m in model.modules())  # untouched
+    with pytest.raises(ValueError, match="True, False or 'auto'"):
+        convert_to_nvfp4_learner(model, native="yes")
+
+
+def test_converted_model_runs_and_differs_from_bf16(tiny_model_dir):
+    model = _load(tiny_model_dir)
+    ids = torch.arange(1, 25).reshape(2, 12)
+    with torch.no_grad():
+        bf16_logits = model(input_ids=ids).logits
+    convert_to_nvfp4_learner(model)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert torch.isfinite(logits).all()
+    assert not torch.equal(logits, bf16_logits)
+
+
+def test_peft_lora_over_converted_model_trains_a_step(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    model = _load(tiny_model_dir)
+    convert_to_nvfp4_learner(model)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj.base_layer, NVFP4EmulatedLinear)
+    assert type(q_proj.lora_A["default"]) is nn.Linear  # adapters stay high precision (peft keeps them fp32)
+    base_before = q_proj.base_layer.weight.detach().clone()
+    lora_b_before = q_proj.lora_B["default"].weight.detach().clone()
+    opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.arange(2, 26).reshape(2, 12)
+    loss = peft_model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert q_proj.lora_B["default"].weight.grad.abs().sum() > 0
+    assert q_proj.base_layer.weight.grad is None  # frozen base
+    opt.step()
+    assert not torch.equal(q_proj.lora_B["default"].weight, lora_b_before)
+    assert torch.equal(q_proj.base_layer.weight, base_before)
+    assert torch.isfinite(peft_model(input_ids=ids, labels=ids).loss)
+
+
+def test_convert_under_existing_peft_wrapper(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(_load(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"]))
+    report = convert_to_nvfp4_learner(peft_model)
+    assert report.layers["model.layers.0.self_attn.q_proj"].path == "emulated"
+    q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj.base_layer, NVFP4EmulatedLinear)
+    ids = torch.arange(2, 14).reshape(1, 12)
+    assert torch.isfinite(peft_model(input_ids=ids, labels=ids).loss)
