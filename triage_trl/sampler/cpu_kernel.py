@@ -1,0 +1,252 @@
+"""A fast CPU NVFP4 W4A4 linear kernel for vLLM, with the numbers of vLLM's emulation kernel.
+
+vLLM has no native NVFP4 GEMM on CPU. Its fallback, ``EmulationNvFp4LinearKernel``, recomputes the
+whole dequantised weight from the packed E2M1 nibbles on *every* forward call and quantises the
+activations with a chain of boolean-mask assignments; on this CPU it is 30-50x slower than bf16.
+
+``FastCpuNvFp4LinearKernel`` computes the same W4A4 numbers:
+
+    y = Q_dq(x; s_x) @ W_dq^T
+
+with ``W_dq = e2m1(weight_packed) * fp8(weight_scale) * weight_global_scale`` (in the model dtype)
+and ``Q_dq`` vLLM's NVFP4 activation quantise-dequantise (16-element blocks, FP8 E4M3 block scales,
+the checkpoint's per-tensor ``input_global_scale``), but:
+
+* the weights are dequantised **once per weight load**, in ``process_weights_after_loading``, with
+  vLLM's own ``dequantize_to_dtype``. vLLM re-runs that hook for every layer on
+  ``model_runner.reload_weights(..., is_checkpoint_format=True)``, so an in-place weight sync
+  refreshes the cache (the cache is a plain attribute of the layer, replaced by the hook, not a
+  parameter or buffer that the layerwise reload would copy back or skip);
+* the activation quantise-dequantise is one ``torch.compile``'d (fused) elementwise pass whose ops
+  reproduce ``ref_nvfp4_quant_dequant`` bit for bit;
+* the GEMM is one bf16 oneDNN matmul on a prepacked weight (the same primitive vLLM's CPU bf16
+  linear layers use), or ``torch.matmul`` where vLLM was built without oneDNN.
+
+Numerics against ``EmulationNvFp4LinearKernel``: the dequantised weights and the quantised
+activations are bit-identical; the only difference is the GEMM's accumulation order (oneDNN
+prepacked vs ``torch.matmul``), i.e. at most one bf16 rounding of the output
+(relative error <= 2**-8 per element; see ``tests/test_sampler_kernel.py``).
+
+Source: vLLM 0.31 ``model_executor/kernels/linear/nvfp4/emulation.py`` and
+``layers/quantization/utils/nvfp4_emulation_utils.py`` (the reference numerics), NVIDIA's NVFP4
+format (E2M1 values, FP8 E4M3 scale per 16 elements, FP32 tensor scale).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearKernel, NvFp4LinearLayerConfig
+from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+__all__ = [
+    "FastCpuNvFp4LinearKernel",
+    "nvfp4_quant_dequant_activations",
+    "register_fast_cpu_nvfp4_kernel",
+]
+
+NVFP4_BLOCK_SIZE = 16
+_FP4_MAX_RECIPROCAL = 1 / 6.0  # vLLM's FLOAT4_E2M1_MAX_RECIPROCAL (a Python float, as in vLLM)
+_FP8_E4M3_MAX = 448.0
+
+
+def _reciprocal(x: torch.Tensor) -> torch.Tensor:
+    # vLLM's ``get_reciprocal``: 1/x, with 0 mapped to (almost) 0.
+    return 1.0 / (x + (x == 0) * 1e8)
+
+
+def _round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round |x| <= 6 to the nearest E2M1 value with vLLM's tie rules (``cast_to_fp4``)."""
+    a = torch.abs(x)
+    r = torch.where(a > 5.0, 6.0, 4.0)
+    r = torch.where(a < 3.5, 3.0, r)
+    r = torch.where(a <= 2.5, 2.0, r)
+    r = torch.where(a < 1.75, 1.5, r)
+    r = torch.where(a <= 1.25, 1.0, r)
+    r = torch.where(a < 0.75, 0.5, r)
+    r = torch.where(a <= 0.25, 0.0, r)
+    return r * torch.sign(x)
+
+
+def _quant_dequant_eager(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    m, k = x.shape
+    blocks = x.reshape(m, k // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
+    vec_max = torch.amax(torch.abs(blocks), dim=-1, keepdim=True).to(torch.float32)
+    scale = global_scale * (vec_max * _FP4_MAX_RECIPROCAL)
+    scale = torch.clamp(scale, max=_FP8_E4M3_MAX, min=-_FP8_E4M3_MAX)
+    scale = scale.to(torch.float8_e4m3fn).to(torch.float32)
+    output_scale = _reciprocal(scale * _reciprocal(global_scale))
+    scaled = torch.clamp(blocks.to(torch.float32) * output_scale, -6.0, 6.0)
+    x_fp4 = _round_to_e2m1(scaled)
+    return (x_fp4 * (scale / global_scale)).reshape(m, k).to(x.dtype)
+
+
+_compiled_lock = threading.Lock()
+_compiled_quant_dequant: Any = None
+
+
+def _get_compiled_quant_dequant():
+    global _compiled_quant_dequant
+    with _compiled_lock:
+        if _compiled_quant_dequant is None:
+            _compiled_quant_dequant = torch.compile(_quant_dequant_eager, dynamic=True, fullgraph=True)
+    return _compiled_quant_dequant
+
+
+def nvfp4_quant_dequant_activations(
+    x: torch.Tensor, global_scale: torch.Tensor, *, compiled: bool = True
+) -> torch.Tensor:
+    """NVFP4 quantise-dequantise of activations, bit-identical to vLLM's ``ref_nvfp4_quant_dequant``.
+
+    Args:
+        x: ``[m, k]`` activations (bf16/fp16/fp32), ``k`` a multiple of 16.
+        global_scale: 0-d or 1-element fp32 tensor, the per-tensor scale in vLLM's *divisor*
+            convention (``layer.input_global_scale_inv``, i.e. ``448 * 6 / amax``).
+        compiled: run the ``torch.compile``'d fused pass (default) or the same ops eagerly.
+
+    Returns:
+        ``[m, k]`` tensor in ``x.dtype``: each 16-element block rounded to E2M1 values times its
+        FP8 E4M3 block scale.
+
+    Raises:
+        ValueError: ``x`` is not 2-D or ``k`` is not a multiple of 16.
+    """
+    if x.ndim != 2 or x.shape[-1] % NVFP4_BLOCK_SIZE != 0:
+        raise ValueError(
+            f"NVFP4 activations must be 2-D [tokens, k] with k a multiple of {NVFP4_BLOCK_SIZE}; "
+            f"got shape {tuple(x.shape)}. Reshape to 2-D or keep this layer in bf16."
+        )
+    global_scale = global_scale.reshape(()).to(torch.float32)
+    if compiled and x.shape[0] > 0:
+        return _get_compiled_quant_dequant()(x, global_scale)
+    return _quant_dequant_eager(x, global_scale)
+
+
+@dataclass
+class _DequantisedWeight:
+    """The layer's weights dequantised once per load, and the GEMM bound to them."""
+
+    weight: torch.Tensor  # [out, in], model dtype
+    gemm: Any  # callable (x2d) -> [tokens, out]
+    gemm_name: str
+
+
+def _make_gemm(weight: torch.Tensor):
+    from vllm import _custom_ops as ops
+
+    if getattr(ops, "_supports_onednn", False):
+        handler = ops.create_onednn_mm(weight.t(), 32)
+        # The handler reads ``weight``'s memory; the dataclass keeps ``weight`` alive with it.
+        return (lambda x2d: ops.onednn_mm(handler, x2d, None)), "onednn_mm"
+    return (lambda x2d: torch.matmul(x2d, weight.t())), "torch.matmul"
+
+
+class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
+    """NVFP4 W4A4 on CPU: cached dequantised weights, fused activation fake-quant, one bf16 GEMM.
+
+    Registered for ``PlatformEnum.CPU`` by :func:`register_fast_cpu_nvfp4_kernel`. Reads the
+    attributes vLLM's compressed-tensors NVFP4 scheme leaves on the layer after loading:
+    ``weight`` (packed uint8 ``[out, in/2]``), ``weight_scale`` (fp8 ``[out, in/16]``),
+    ``weight_global_scale`` (fp32 multiplier) and ``input_global_scale_inv`` (fp32 divisor).
+    """
+
+    #: counts weight dequantisations (one per layer per load); tests read it to check reloads
+    dequantisations = 0
+
+    @classmethod
+    def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return False, "FastCpuNvFp4LinearKernel runs on the vLLM CPU platform only"
+        return True, None
+
+    @classmethod
+    def can_implement(cls, config: NvFp4LinearLayerConfig) -> tuple[bool, str | None]:
+        return True, None
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        dtype = getattr(layer, "params_dtype", None)
+        if dtype is None:
+            raise ValueError(
+                f"{type(layer).__name__} has no `params_dtype`; FastCpuNvFp4LinearKernel needs the "
+                "model dtype to dequantise NVFP4 weights into. Use vLLM's linear layers."
+            )
+        packed = layer.weight.data.view(torch.uint8)
+        weight = dequantize_to_dtype(
+            packed,
+            layer.weight_scale.data,
+            layer.weight_global_scale.data,
+            dtype,
+            NVFP4_BLOCK_SIZE,
+            swizzle=False,
+        ).contiguous()
+        gemm, gemm_name = _make_gemm(weight)
+        # A plain attribute (not a parameter/buffer): vLLM's layerwise reload re-runs this hook on
+        # the same module object, which replaces it with the new weights.
+        layer.nvfp4_dequantised = _DequantisedWeight(weight=weight, gemm=gemm, gemm_name=gemm_name)
+        type(self).dequantisations += 1
+
+    def apply_weights(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        cache: _DequantisedWeight = layer.nvfp4_dequantised
+        if x.dtype != cache.weight.dtype:
+            raise TypeError(
+                f"FastCpuNvFp4LinearKernel: activations are {x.dtype} but the weights were "
+                f"dequantised to {cache.weight.dtype}; run vLLM with dtype={cache.weight.dtype}."
+            )
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, x.shape[-1])
+        x_dq = nvfp4_quant_dequant_activations(x2d, layer.input_global_scale_inv)
+        out = cache.gemm(x_dq)
+        out = out.reshape(*lead, out.shape[-1])
+        if bias is not None:
+            out = out + bias
+        return out
+
+
+def register_fast_cpu_nvfp4_kernel() -> type[FastCpuNvFp4LinearKernel]:
+    """Make vLLM pick :class:`FastCpuNvFp4LinearKernel` for NVFP4 linear layers on CPU.
+
+    Calls ``register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")`` once
+    (idempotent) and moves it to the front of the CPU candidate list, so it wins over an
+    ``EmulationNvFp4LinearKernel`` registered earlier. Must run in the process that builds the
+    model (in-process ``vllm.LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) before the engine starts.
+
+    Returns:
+        The registered kernel class.
+    """
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.platforms import PlatformEnum
+
+    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
+    if FastCpuNvFp4LinearKernel not in candidates:
+        linear_kernels.register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+        candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]
+    candidates.remove(FastCpuNvFp4LinearKernel)
+    candidates.insert(0, FastCpuNvFp4LinearKernel)
+    return FastCpuNvFp4LinearKernel
+
+
+def register_emulation_nvfp4_kernel() -> None:
+    """Register vLLM's own ``EmulationNvFp4LinearKernel`` for CPU (reference / benchmark only).
+
+    It is appended after any fast kernel, so to run the emulation kernel alone, start the engine
+    in a process where :func:`register_fast_cpu_nvfp4_kernel` has not been called, or disable the
+    fast one with ``VLLM_DISABLED_KERNELS=FastCpuNvFp4LinearKernel``.
+    """
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear import EmulationNvFp4LinearKernel
+    from vllm.platforms import PlatformEnum
+
+    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
+    if EmulationNvFp4LinearKernel not in candidates:
+        linear_kernels.register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
