@@ -1,0 +1,151 @@
+"""NVFP4 checkpoint export: compressed-tensors decodes exactly our dequantised weights; names, shapes,
+shared global scales; export from a converted learner and from a PEFT model; the config file."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from triage_trl.nvfp4.export import (
+    calibrate_input_global_scales,
+    iter_nvfp4_checkpoint_weights,
+    quantized_linear_names,
+    save_nvfp4_checkpoint,
+    weight_global_scale_from_amax,
+)
+from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
+from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
+
+PROMPTS = ["What is 3 + 4? Let me think step by step.", "The quick brown fox jumps over the lazy dog."]
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from triage_trl.testing import save_tiny_qwen3
+
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-export"))
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), AutoTokenizer.from_pretrained(path)
+
+
+def _decompress(sd, prefix):
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    local = {k[len(prefix) + 1 :]: v for k, v in sd.items() if k.startswith(prefix + ".")}
+    return NVFP4PackedCompressor.decompress(local, preset_name_to_scheme("NVFP4", ["Linear"]))["weight"]
+
+
+def test_weight_global_scale_is_power_of_two_below_ideal():
+    for amax in (0.013, 0.5, 1.0, 3.7, 2688.0, 1e4):
+        g = weight_global_scale_from_amax(torch.tensor(amax)).item()
+        assert g <= 2688.0 / amax < 2 * g
+        assert torch.frexp(torch.tensor(g)).mantissa.item() == 0.5
+    assert weight_global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
+
+
+def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
+    model, tok = _load(tiny_dir)
+    scales = calibrate_input_global_scales(model, tok, PROMPTS)
+    assert set(scales) == {f"model.layers.{i}.{m}" for i in range(2) for m in LINEARS}
+    sd = dict(iter_nvfp4_checkpoint_weights(model, scales))
+    hf = model.state_dict()
+    for i in range(2):
+        for m in LINEARS:
+            p = f"model.layers.{i}.{m}"
+            w = hf[p + ".weight"]
+            out_f, in_f = w.shape
+            assert p + ".weight" not in sd
+            assert sd[p + ".weight_packed"].dtype == torch.uint8 and sd[p + ".weight_packed"].shape == (out_f, in_f // 2)
+            assert sd[p + ".weight_scale"].dtype == torch.float8_e4m3fn and sd[p + ".weight_scale"].shape == (out_f, in_f // 16)
+            for s in ("weight_global_scale", "input_global_scale"):
+                assert sd[f"{p}.{s}"].dtype == torch.float32 and sd[f"{p}.{s}"].shape == (1,)
+            # compressed-tensors' own decompression == torchao's dequantisation, bit for bit
+            ours = nvfp4_fake_quantize_reference(w, 1.0 / sd[p + ".weight_global_scale"])
+            theirs = _decompress(sd, p)
+            assert theirs.dtype == torch.bfloat16
+            assert torch.equal(theirs.view(torch.int16), ours.view(torch.int16))
+        a = f"model.layers.{i}.self_attn"
+        assert sd[f"{a}.q_proj.weight_global_scale"] == sd[f"{a}.k_proj.weight_global_scale"] == sd[f"{a}.v_proj.weight_global_scale"]
+        assert sd[f"{a}.q_proj.input_global_scale"] == sd[f"{a}.k_proj.input_global_scale"] == sd[f"{a}.v_proj.input_global_scale"]
+        mlp = f"model.layers.{i}.mlp"
+        assert sd[f"{mlp}.gate_proj.weight_global_scale"] == sd[f"{mlp}.up_proj.weight_global_scale"]
+        assert sd[f"{mlp}.gate_proj.input_global_scale"] == sd[f"{mlp}.up_proj.input_global_scale"]
+    for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"):
+        assert torch.equal(sd[name], hf[name]) and sd[name].dtype == hf[name].dtype
+    quant_keys = {k for k in sd if k.rsplit(".", 1)[-1] in ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}
+    assert len(quant_keys) == 4 * 14 and len(sd) == len(hf) - 14 + 4 * 14
+
+
+def test_export_of_converted_learner_reads_master_weights(tiny_dir):
+    plain, tok = _load(tiny_dir)
+    scales = calibrate_input_global_scales(plain, tok, PROMPTS)
+    expected = dict(iter_nvfp4_checkpoint_weights(plain, scales))
+    converted, _ = _load(tiny_dir)
+    convert_to_nvfp4_learner(converted)
+    got = dict(iter_nvfp4_checkpoint_weights(converted, scales))
+    assert got.keys() == expected.keys()
+    for k in got:
+        assert torch.equal(got[k].view(torch.uint8), expected[k].view(torch.uint8)) if got[k].dtype == torch.float8_e4m3fn else torch.equal(got[k], expected[k])
+    # calibration through the converted (fake-quantised) model also covers every NVFP4 layer
+    assert calibrate_input_global_scales(converted, tok, PROMPTS).keys() == scales.keys()
+
+
+def test_export_follows_learner_selection(tiny_dir):
+    model, tok = _load(tiny_dir)
+    convert_to_nvfp4_learner(model, keep_last_blocks=1)
+    names = quantized_linear_names(model)
+    assert names == [f"model.layers.0.{m}" for m in LINEARS]
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    assert "model.layers.1.self_attn.q_proj.weight" in sd and "model.layers.1.self_attn.q_proj.weight_packed" not in sd
+
+
+def test_export_of_peft_model_merges_lora(tiny_dir):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = _load(tiny_dir)
+    convert_to_nvfp4_learner(model)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    for mod in peft_model.modules():
+        if hasattr(mod, "lora_B") and "default" in mod.lora_B:
+            nn.init.normal_(mod.lora_B["default"].weight, std=0.05)
+    scales = calibrate_input_global_scales(peft_model, tok, PROMPTS)
+    assert "model.layers.0.self_attn.q_proj" in scales
+    sd = dict(iter_nvfp4_checkpoint_weights(peft_model, scales))
+    assert not any("lora" in k or "base_layer" in k or k.startswith("base_model") for k in sd)
+    q = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    merged = (q.base_layer.weight.float() + q.get_delta_weight("default").float()).to(torch.bfloat16)
+    assert not torch.equal(merged, q.base_layer.weight)
+    p = "model.layers.0.self_attn.q_proj"
+    ours = nvfp4_fake_quantize_reference(merged, 1.0 / sd[p + ".weight_global_scale"])
+    assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
+
+
+def test_missing_scales_and_split_fused_group_raise(tiny_dir):
+    model, tok = _load(tiny_dir)
+    with pytest.raises(KeyError, match="calibrate_input_global_scales"):
+        next(iter_nvfp4_checkpoint_weights(model, {}))
+    with pytest.raises(ValueError, match="q/k/v"):
+        quantized_linear_names(model, ignore=("k_proj",))
+
+
+def test_saved_checkpoint_folder(tiny_dir, tmp_path):
+    from compressed_tensors.quantization import QuantizationConfig
+
+    model, tok = _load(tiny_dir)
+    out = save_nvfp4_checkpoint(model, tok, tmp_path / "ckpt", calibrate_input_global_scales(model, tok, PROMPTS))
+    assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    assert qc["format"] == "nvfp4-pack-quantized" and qc["quant_method"] == "compressed-tensors"
+    assert qc["ignore"] == ["lm_head"]
+    parsed = QuantizationConfig.model_validate({k: v for k, v in qc.items() if k not in ("version", "sparsity_config", "transform_config")})
+    w = parsed.config_groups["group_0"].weights
+    assert (w.num_bits, w.group_size, w.type) == (4, 16, "float")
+    assert config["model_type"] == "qwen3"
