@@ -10,4 +10,113 @@ def tiny_qwen3_dir(tmp_path_factory):
     from triage_trl.testing import save_tiny_qwen3
 
     return str(save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-trainer")))
+
+
+@pytest.fixture(scope="session")
+def vllm_trainers(tmp_path_factory, tiny_qwen3_dir):
+    """Build-once cache of TriageGRPOTrainer runs with the real in-process vLLM CPU sampler.
+
+    ``vllm_trainers(key, **config)`` builds a trainer (its own vLLM engine), runs ``trainer.train()`` once and
+    caches it under ``key`` for the session, so several tests share one engine and one run. Restores torch's
+    thread count and the environment afterwards.
+    """
+    import os
+
+    import torch
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    threads = torch.get_num_threads()
+    cache = {}
+
+    def get(key, peft_config=None, **config):
+        if key not in cache:
+            from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
+            from triage_trl.trainer.arith import arith_dataset, digit_share_reward
+
+            kwargs = dict(
+                output_dir=str(tmp_path_factory.mktemp(f"trainer-{key}")), use_cpu=True, bf16=False,
+                use_vllm=True, vllm_mode="colocate", vllm_max_model_length=256, per_device_train_batch_size=4,
+                num_generations=4, max_completion_length=16, learning_rate=1e-4, max_steps=1, logging_steps=1,
+                save_strategy="no", report_to="none", seed=0, loss_type="grpo", nvfp4_calibration_prompts=2,
+                model_init_kwargs={"dtype": torch.bfloat16},
+            )
+            kwargs.update(config)
+            trainer = TriageGRPOTrainer(
+                model=tiny_qwen3_dir, reward_funcs=digit_share_reward, args=TriageGRPOConfig(**kwargs),
+                train_dataset=arith_dataset(8, seed=0), peft_config=peft_config,
+            )
+            torch.set_num_threads(threads)
+            trainer.train()
+            cache[key] = trainer
+        return cache[key]
+
+    try:
+        yield get
+    finally:
+        cache.clear()
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 # --- end trainer fixtures ---
+
+
+# --- nvfp4 fixtures ---
+@pytest.fixture(scope="session")
+def nvfp4_vllm_engine(tmp_path_factory):
+    """vLLM on CPU (in-process, eager, 1 GiB KV cache) serving an NVFP4 export of a tiny Qwen3.
+
+    Yields a namespace: ``llm`` (``vllm.LLM``), ``hf_dir`` (the bf16 model it was exported from;
+    its ``lm_head`` is scaled x20 so greedy log-probs are far from uniform), ``ckpt_dir`` and
+    ``input_global_scales``. Registers vLLM's ``EmulationNvFp4LinearKernel`` for the CPU platform
+    and restores torch's thread count (vLLM cuts it to one) and the environment afterwards.
+    """
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    threads = torch.get_num_threads()
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from vllm import LLM
+        from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, register_linear_kernel
+        from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+        from vllm.platforms import PlatformEnum
+
+        from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+        from triage_trl.testing import save_tiny_qwen3
+
+        root = tmp_path_factory.mktemp("nvfp4-vllm")
+        src = save_tiny_qwen3(root / "src")
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+        tok = AutoTokenizer.from_pretrained(src)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20)
+        hf_dir = root / "hf"
+        model.save_pretrained(hf_dir)
+        tok.save_pretrained(hf_dir)
+        prompts = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
+        scales = calibrate_input_global_scales(model, tok, prompts)
+        ckpt_dir = save_nvfp4_checkpoint(model, tok, root / "nvfp4", scales)
+        if EmulationNvFp4LinearKernel not in _POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, []):
+            register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+        llm = LLM(str(ckpt_dir), max_model_len=512, enforce_eager=True, dtype="bfloat16", seed=0)
+        torch.set_num_threads(threads)
+        yield SimpleNamespace(llm=llm, hf_dir=hf_dir, ckpt_dir=ckpt_dir, input_global_scales=scales)
+        del llm
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+# --- end nvfp4 fixtures ---
