@@ -13,6 +13,8 @@ Choices where the spec is silent (each documented in ``docs/objective.md``):
   no part in the diagnosis or the mismatch metrics (their gap is unknown or infinite) and get the
   saturated repair weight: ``C`` for -inf/NaN (the sampler gave the token no usable probability,
   so learner/sampler -> infinity), ``1/C`` for +inf; 0 in ``mask`` mode, 1 in ``none`` mode.
+* Repair touches only tokens with a non-zero advantage: a token with A = 0 carries no
+  policy-gradient update, and the spec's invariant "all advantages 0 -> every weight is 1" holds.
 * ``triage_gap_sign`` flips the direction classification only. The repair weight is an
   importance weight of learner over sampler and the mismatch metrics describe learner - sampler,
   whatever the convention flag says.
@@ -111,82 +113,91 @@ def triage_weights(
         ValueError: mismatched shapes or devices, non-float log-probs, non-integer segment ids or
             ids outside [0, T), or non-finite learner log-probs or advantages on valid tokens.
     """
-    _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids)
+    num_segments = _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids)
     B, T = old_logps.shape
     device = old_logps.device
     ones = torch.ones(B, T, dtype=torch.float32, device=device)
     if config.triage_mode == "off":
         return TriageResult(ones, {})
 
-    valid = mask.detach() != 0
+    valid = mask.detach()
+    valid = valid if valid.dtype == torch.bool else valid != 0
     old = old_logps.detach().float()
     sampler = sampler_logps.detach().float()
     adv = advantages.detach().float()
-    adv = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
+    adv = adv[:, None] if adv.dim() == 1 else adv  # (B, 1) broadcasts without a (B, T) copy
     _check_finite_on_valid("old_logps (learner log-probs)", old, valid, "the learner's forward pass diverged")
-    _check_finite_on_valid("advantages", adv, valid, "check the reward functions for NaN/inf rewards")
+    _check_finite_on_valid("advantages", adv.expand(B, T), valid, "check the reward functions for NaN/inf rewards")
 
-    # 1. Gap: learner minus sampler, zero where masked or where the sampler's log-prob is unusable.
+    # 1. Gap: learner minus sampler; zero where masked or where the sampler's log-prob is unusable.
     sampler_finite = torch.isfinite(sampler)
     measured = valid & sampler_finite
     nonfinite = valid & ~sampler_finite
-    raw_gap = torch.where(measured, old - torch.where(sampler_finite, sampler, 0.0), 0.0)
+    raw_gap = (old - sampler).masked_fill_(~measured, 0.0)
     abs_gap = raw_gap.abs()
-    gap = raw_gap if config.triage_gap_sign == 1 else -raw_gap
 
-    # 2. Direction quadrants.
-    adv_neg, adv_pos = measured & (adv < 0), measured & (adv > 0)
-    gap_neg, gap_pos = gap < 0, gap > 0
-    quadrant = {"NA": adv_neg & gap_neg, "PA": adv_pos & gap_pos, "NC": adv_neg & gap_pos, "PC": adv_pos & gap_neg}
-    amplifying = quadrant["NA"] | quadrant["PA"]
+    # 2. Direction: amplifying when sign(A) == sign(gap), contracting when they differ (zeros are neither).
+    agreement = torch.sign(adv) * torch.sign(raw_gap)
+    if config.triage_gap_sign == -1:
+        agreement = -agreement
+    amplifying, contracting = agreement > 0, agreement < 0
+    adv_neg = adv < 0
+    quadrant = {
+        "NA": amplifying & adv_neg,
+        "PA": amplifying & ~adv_neg,
+        "NC": contracting & adv_neg,
+        "PC": contracting & ~adv_neg,
+    }
 
-    # 3. Tail.
-    n_measured = int(measured.sum())
+    # 3. Tail: tau is an exact order statistic of |gap| over measured tokens.
+    n_measured = int(torch.count_nonzero(measured))
     tau = float(config.triage_tail_min_gap)
     if n_measured:
-        kth = abs_gap[measured].kthvalue(order_statistic_rank(n_measured, config.triage_tail_quantile)).values
+        values = abs_gap if n_measured == B * T else abs_gap[measured]
+        kth = values.reshape(-1).kthvalue(order_statistic_rank(n_measured, config.triage_tail_quantile)).values
         tau = max(tau, float(kth))
-    tail = measured & (abs_gap >= tau)
+    tail = (abs_gap >= tau) & measured
     amp_tail = amplifying & tail
 
-    # 4-5. Segment diagnosis: counts per (row, segment) bin.
-    flat_seg = (segment_ids.to(device=device, dtype=torch.int64) + torch.arange(B, device=device)[:, None] * T).view(-1)
-    n_seg = torch.zeros(B * T, dtype=torch.int64, device=device).index_add_(0, flat_seg, valid.view(-1).to(torch.int64))
-    k_seg = torch.zeros(B * T, dtype=torch.int64, device=device).index_add_(0, flat_seg, amp_tail.view(-1).to(torch.int64))
+    # 4-5. Segment diagnosis over (row, segment) bins: n_s valid tokens, k_s amplifying tail tokens.
+    rows = torch.arange(B, device=device, dtype=torch.int64)[:, None] * num_segments
+    flat_seg = (segment_ids.to(torch.int64) + rows).reshape(-1)
+    n_bins = B * num_segments
+    n_seg = torch.zeros(n_bins, device=device).index_add_(0, flat_seg, valid.reshape(-1).float())
+    k_seg = torch.zeros(n_bins, device=device).index_add_(0, flat_seg, amp_tail.reshape(-1).float())
     density = k_seg.double() / n_seg.clamp(min=1).double()
     hot_seg = (k_seg >= config.triage_hot_min_tokens) & (density >= config.triage_hot_density)
     in_hot = hot_seg[flat_seg].view(B, T) & valid
 
     # 6. Selective rebalancing of the heavier amplifying quadrant inside hot segments.
-    abs_adv = adv.abs().double()
-    mass_na = (abs_adv * (quadrant["NA"] & in_hot)).sum()
-    mass_pa = (abs_adv * (quadrant["PA"] & in_hot)).sum()
-    heavy_is_na = bool(mass_na >= mass_pa)
+    mass_na = _advantage_mass(adv, quadrant["NA"] & in_hot)
+    mass_pa = _advantage_mass(adv, quadrant["PA"] & in_hot)
+    heavy_is_na = mass_na >= mass_pa
     mass_heavy, mass_light = (mass_na, mass_pa) if heavy_is_na else (mass_pa, mass_na)
     beta = 1.0
-    if float(mass_heavy) > 0:
-        beta = min(1.0, max(config.triage_rebalance_floor, float(mass_light / mass_heavy)))
-    rebalanced = quadrant["NA" if heavy_is_na else "PA"] & in_hot
-    if config.triage_rebalance_scope == "tail":
-        rebalanced = rebalanced & tail
-    if beta == 1.0:
-        rebalanced = torch.zeros_like(rebalanced)
-    weights = torch.where(rebalanced, beta, 1.0)
+    if mass_heavy > 0:
+        beta = min(1.0, max(config.triage_rebalance_floor, mass_light / mass_heavy))
+    if beta < 1.0:
+        rebalanced = quadrant["NA" if heavy_is_na else "PA"] & in_hot
+        if config.triage_rebalance_scope == "tail":
+            rebalanced &= tail
+        weights = torch.where(rebalanced, beta, ones)
+    else:
+        rebalanced = torch.zeros_like(valid)
+        weights = ones.clone()
 
     # 7. Bounded repair of residual severe mismatch.
-    severe = (measured & (abs_gap >= config.triage_severe_gap)) | nonfinite
-    clip = float(config.triage_repair_clip)
-    if config.triage_repair_mode == "excess_is":
-        excess = torch.sign(raw_gap) * (abs_gap - config.triage_severe_gap)
-        # -inf/NaN sampler log-probs: learner/sampler -> +inf; +inf: -> 0.
-        excess = torch.where(nonfinite, torch.where(sampler == math.inf, -math.inf, math.inf), excess)
-        repair = excess.exp().clamp(1.0 / clip, clip)
-        weights = torch.where(severe, weights * repair, weights)
-    elif config.triage_repair_mode == "mask":
-        weights = torch.where(severe, 0.0, weights)
+    if config.triage_repair_mode == "none":
+        severe = torch.zeros_like(valid)
     else:
-        severe = torch.zeros_like(severe)
-    weights = torch.where(valid, weights, 1.0)
+        # Only tokens that carry a policy-gradient update (A != 0) are repaired; the rest keep weight 1.
+        severe = (((abs_gap >= config.triage_severe_gap) & measured) | nonfinite) & (adv != 0)
+        if config.triage_repair_mode == "mask":
+            weights.masked_fill_(severe, 0.0)
+        else:
+            weights[severe] *= _repair_weight(
+                raw_gap[severe], sampler[severe], nonfinite[severe], config.triage_severe_gap, config.triage_repair_clip
+            )
 
     metrics = _metrics(
         raw_gap=raw_gap, abs_gap=abs_gap, valid=valid, measured=measured, nonfinite=nonfinite,
@@ -198,49 +209,71 @@ def triage_weights(
     return TriageResult(weights, metrics)
 
 
+def _advantage_mass(adv: torch.Tensor, selected: torch.Tensor) -> float:
+    """sum |A| over selected tokens; adv is (B, 1) or (B, T). Accumulated in float64."""
+    if adv.shape[1] == 1:
+        per_row = torch.count_nonzero(selected, dim=1).double()
+        return float((per_row * adv[:, 0].double().abs()).sum())
+    return float(adv.abs().double().masked_fill(~selected, 0.0).sum())
+
+
+def _repair_weight(raw_gap, sampler, nonfinite, severe_gap: float, clip: float) -> torch.Tensor:
+    """Bounded importance weight clamp(exp(sign(gap) * (|gap| - severe_gap)), 1/C, C) of severe tokens.
+
+    Non-finite sampler log-probs saturate it: -inf/NaN mean learner/sampler -> inf (weight C), +inf the
+    reverse (weight 1/C).
+    """
+    excess = torch.sign(raw_gap) * (raw_gap.abs() - severe_gap)
+    saturated = torch.where(sampler == math.inf, -math.inf, math.inf)
+    excess = torch.where(nonfinite, saturated, excess)
+    return excess.exp().clamp(1.0 / clip, clip)
+
+
 def _metrics(*, raw_gap, abs_gap, valid, measured, nonfinite, quadrant, tail, amp_tail, n_seg, k_seg,
              hot_seg, in_hot, rebalanced, severe, weights, beta, tau) -> dict[str, float]:
-    f64 = torch.float64
-    n_valid = valid.sum().to(f64).clamp(min=1)
-    n_meas = measured.sum().to(f64).clamp(min=1)
-    k3 = torch.where(measured, raw_gap.double().clamp(max=_K3_MAX_EXPONENT).exp() - 1 - raw_gap.double(), 0.0)
-    per_seq_tokens = measured.sum(dim=1)
+    count, f64 = torch.count_nonzero, torch.float64
+    n_valid = count(valid).clamp(min=1)
+    n_meas = count(measured).clamp(min=1)
+    per_seq_tokens = count(measured, dim=1)
     seq_has_tokens = per_seq_tokens > 0
-    per_seq_mean = raw_gap.double().sum(dim=1) / per_seq_tokens.clamp(min=1)
-    n_amp_tail = amp_tail.sum()
-    nonempty_segments = int((n_seg > 0).sum())
-    w_valid = weights[valid]
+    per_seq_mean = raw_gap.sum(dim=1, dtype=f64) / per_seq_tokens.clamp(min=1)
+    k3 = (torch.expm1(raw_gap.clamp(max=_K3_MAX_EXPONENT)) - raw_gap).masked_fill_(~measured, 0.0)
+    n_amp_tail = count(amp_tail)
+    nonempty_segments = int(count(n_seg))
+    w_valid = weights.masked_fill(~valid, math.nan)
 
     stats = {
-        "gap_mean": raw_gap.double().sum() / n_meas,
-        "gap_abs_mean": abs_gap.double().sum() / n_meas,
+        "gap_mean": raw_gap.sum(dtype=f64) / n_meas,
+        "gap_abs_mean": abs_gap.sum(dtype=f64) / n_meas,
         "gap_abs_max": abs_gap.max() if abs_gap.numel() else 0.0,
-        "k3_kl": k3.sum() / n_meas,
-        "log_ppl_diff": per_seq_mean[seq_has_tokens].sum() / seq_has_tokens.sum().clamp(min=1),
-        "nonfinite_sampler_frac": nonfinite.sum() / n_valid,
+        "k3_kl": k3.sum(dtype=f64) / n_meas,
+        "log_ppl_diff": per_seq_mean.masked_fill(~seq_has_tokens, 0.0).sum() / count(seq_has_tokens).clamp(min=1),
+        "nonfinite_sampler_frac": count(nonfinite) / n_valid,
     }
     for name in QUADRANTS:
-        stats[f"frac_{name}"] = quadrant[name].sum() / n_valid
+        stats[f"frac_{name}"] = count(quadrant[name]) / n_valid
     for name in QUADRANTS:
-        stats[f"tail_count_{name}"] = (quadrant[name] & tail).sum()
+        stats[f"tail_count_{name}"] = count(quadrant[name] & tail)
     stats["amp_imbalance"] = stats["tail_count_NA"] / (stats["tail_count_PA"] + 1.0)
-    stats["hot_segment_frac"] = hot_seg.sum() / max(nonempty_segments, 1)
-    stats["tail_in_hot_frac"] = (amp_tail & in_hot).sum() / n_amp_tail.clamp(min=1)
-    stats["tail_concentration"] = _top_decile_share(k_seg, nonempty_segments, n_amp_tail)
+    stats["hot_segment_frac"] = count(hot_seg) / max(nonempty_segments, 1)
+    stats["tail_in_hot_frac"] = count(amp_tail & in_hot) / n_amp_tail.clamp(min=1)
+    stats["tail_concentration"] = _top_decile_share(k_seg, nonempty_segments, int(n_amp_tail))
     stats["beta"] = beta
-    stats["rebalanced_frac"] = rebalanced.sum() / n_valid
-    stats["repaired_frac"] = severe.sum() / n_valid
-    stats["weight_mean"] = w_valid.double().sum() / n_valid if w_valid.numel() else 1.0
-    stats["weight_min"] = w_valid.min() if w_valid.numel() else 1.0
-    stats["weight_max"] = w_valid.max() if w_valid.numel() else 1.0
+    stats["rebalanced_frac"] = count(rebalanced) / n_valid
+    stats["repaired_frac"] = count(severe) / n_valid
+    any_valid = bool(valid.any())
+    stats["weight_mean"] = w_valid.nansum(dtype=f64) / n_valid if any_valid else 1.0
+    stats["weight_min"] = w_valid.nan_to_num(math.inf).min() if any_valid else 1.0
+    stats["weight_max"] = w_valid.nan_to_num(-math.inf).max() if any_valid else 1.0
     stats["tau"] = tau
-    values = torch.stack([torch.as_tensor(stats[k], dtype=f64, device=valid.device).reshape(()) for k in METRIC_NAMES])
+    values = torch.stack(
+        [torch.as_tensor(stats[k], dtype=torch.float64, device=valid.device).reshape(()) for k in METRIC_NAMES]
+    )
     return dict(zip(METRIC_NAMES, values.tolist()))
 
 
-def _top_decile_share(k_seg: torch.Tensor, nonempty_segments: int, n_amp_tail: torch.Tensor):
+def _top_decile_share(k_seg: torch.Tensor, nonempty_segments: int, total: int) -> float:
     """Share of amplifying tail tokens held by the ceil(10%) of non-empty segments with the most."""
-    total = int(n_amp_tail)
     if total == 0:
         return 0.0
     top = (nonempty_segments + 9) // 10
@@ -250,7 +283,8 @@ def _top_decile_share(k_seg: torch.Tensor, nonempty_segments: int, n_amp_tail: t
     return float(holding.topk(top).values.sum()) / total
 
 
-def _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids) -> None:
+def _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids) -> int:
+    """Validate shapes, dtypes and devices; return the number of segment ids per row."""
     if old_logps.dim() != 2:
         raise ValueError(f"old_logps must have shape (B, T); got {tuple(old_logps.shape)}.")
     shape = tuple(old_logps.shape)
@@ -269,14 +303,17 @@ def _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids) -> No
     devices = {t.device for t in (old_logps, sampler_logps, advantages, mask, segment_ids)}
     if len(devices) > 1:
         raise ValueError(f"all inputs must be on one device; got {sorted(map(str, devices))}.")
-    if segment_ids.numel() and (segment_ids.min() < 0 or segment_ids.max() >= shape[1]):
+    if segment_ids.numel() == 0:
+        return 1
+    lo, hi = int(segment_ids.min()), int(segment_ids.max())
+    if lo < 0 or hi >= shape[1]:
         raise ValueError(
-            f"segment_ids must lie in [0, T={shape[1]}); got [{int(segment_ids.min())}, {int(segment_ids.max())}]. "
-            "Build them with triage_trl.segment_ids()."
+            f"segment_ids must lie in [0, T={shape[1]}); got [{lo}, {hi}]. Build them with triage_trl.segment_ids()."
         )
+    return hi + 1
 
 
 def _check_finite_on_valid(name: str, values: torch.Tensor, valid: torch.Tensor, remedy: str) -> None:
-    bad = int((valid & ~torch.isfinite(values)).sum())
+    bad = int(torch.count_nonzero(valid & ~torch.isfinite(values)))
     if bad:
         raise ValueError(f"{name} hold {bad} non-finite values on valid tokens: {remedy}.")

@@ -72,12 +72,12 @@ def segment_ids(
         )
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} is out of range: it must be an integer >= 1.")
+    if mode not in ("newline", "fixed"):
+        raise ValueError(f"mode={mode!r} is invalid: it must be 'newline' or 'fixed'.")
     B, T = completion_ids.shape
     positions = torch.arange(T, device=completion_ids.device).expand(B, T)
     if mode == "fixed":
         return torch.div(positions, max_tokens, rounding_mode="floor").contiguous()
-    if mode != "newline":
-        raise ValueError(f"mode={mode!r} is invalid: it must be 'newline' or 'fixed'.")
     if newline_table is None:
         raise ValueError(
             "newline segments need a newline table: build it once with "
@@ -88,6 +88,8 @@ def segment_ids(
             f"completion_ids hold ids outside [0, {newline_table.numel()}): build the newline table "
             "with vocab_size=<the model's embedding size>."
         )
+    if T == 0:
+        return positions.clone()
     ends_line = newline_table.to(completion_ids.device)[completion_ids]
     # A line starts at position 0 and after every newline token; within a line, cut every max_tokens.
     line_start = torch.zeros_like(ends_line)
