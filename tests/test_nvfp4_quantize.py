@@ -6,7 +6,6 @@ import torch
 
 from triage_trl.nvfp4 import quantize as q
 
-DEVICE = "cpu"
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -97,3 +96,15 @@ def test_bad_inputs_raise():
         q.nvfp4_fake_quantize(torch.randn(4, 24))
     with pytest.raises(TypeError, match="bfloat16 or float32"):
         q.nvfp4_fake_quantize(torch.randn(4, 16).half())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU twin is test_fast_path_bit_exact_vs_torchao")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_fast_path_bit_exact_vs_torchao_and_cpu(dtype):
+    x = (torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) ** 3).to(dtype)
+    cpu = q.nvfp4_fake_quantize(x)
+    fast = q.nvfp4_fake_quantize(x.cuda())
+    assert fast.is_cuda
+    assert torch.equal(_bits(fast), _bits(q.nvfp4_fake_quantize_reference(x.cuda())))
+    assert torch.equal(_bits(fast.cpu()), _bits(cpu))
