@@ -207,6 +207,24 @@ def test_trainer_needs_sampler_logprobs_at_init(tmp_path, tiny_qwen3_dir):
         _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir)
 
 
+def test_trainer_refuses_rollout_func_without_vllm(tmp_path, tiny_qwen3_dir):
+    args = _args(TriageGRPOConfig, tmp_path)
+    with pytest.raises(NotImplementedError, match="use_vllm=True"):
+        TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset(),
+                          rollout_func=lambda prompts, trainer: {})
+
+
+def test_diagnose_keeps_trl_correction_when_asked(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """diagnose + vllm_importance_sampling_correction=True: TRL's ratio reaches the loss, TRIAGE only measures."""
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, triage_mode="diagnose",
+                       vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
+    inputs = _batch(trainer)
+    ones, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.ones(B, T)})
+    twos, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.full((B, T), 2.0)})
+    torch.testing.assert_close(twos, 2 * ones, rtol=1e-6, atol=0)
+    assert math.isfinite(trainer._metrics["train"]["triage/gap_abs_mean"][-1])
+
+
 def test_trainer_refuses_plain_grpo_config(tmp_path, tiny_qwen3_dir):
     with pytest.raises(TypeError, match="TriageGRPOConfig"):
         TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=_args(GRPOConfig, tmp_path),
