@@ -32,7 +32,7 @@ import torch
 
 from .triage_config import TriageConfig
 
-QUADRANTS = ("NA", "PA", "NC", "PC")
+QUADRANTS = ("NA", "PA", "NC", "PC")  # amplifying, amplifying, contracting, contracting
 
 METRIC_NAMES = (
     "gap_mean",
@@ -137,72 +137,69 @@ def triage_weights(
     abs_gap = raw_gap.abs()
 
     # 2. Direction: amplifying when sign(A) == sign(gap), contracting when they differ (zeros are neither).
-    agreement = torch.sign(adv) * torch.sign(raw_gap)
-    if config.triage_gap_sign == -1:
-        agreement = -agreement
-    amplifying, contracting = agreement > 0, agreement < 0
-    adv_neg = adv < 0
-    quadrant = {
-        "NA": amplifying & adv_neg,
-        "PA": amplifying & ~adv_neg,
-        "NC": contracting & adv_neg,
-        "PC": contracting & ~adv_neg,
-    }
+    # Quadrant code per token, in QUADRANTS order: 0 NA, 1 PA, 2 NC, 3 PC, 4 neither.
+    agreement = torch.sign(adv) * torch.sign(raw_gap) * config.triage_gap_sign
+    amplifying = agreement > 0
+    code = (agreement < 0).to(torch.uint8) * 2 + (adv > 0).to(torch.uint8)
+    code.masked_fill_(agreement == 0, 4)
 
-    # 3. Tail: tau is an exact order statistic of |gap| over measured tokens.
+    # 3. Tail: tau is an exact order statistic of |gap| over measured tokens. Unmeasured tokens hold
+    # |gap| = 0, the smallest value, so the k-th measured value is the (unmeasured + k)-th overall.
     n_measured = int(torch.count_nonzero(measured))
     tau = float(config.triage_tail_min_gap)
     if n_measured:
-        values = abs_gap if n_measured == B * T else abs_gap[measured]
-        kth = values.reshape(-1).kthvalue(order_statistic_rank(n_measured, config.triage_tail_quantile)).values
-        tau = max(tau, float(kth))
-    tail = (abs_gap >= tau) & measured
+        rank = B * T - n_measured + order_statistic_rank(n_measured, config.triage_tail_quantile)
+        tau = max(tau, float(abs_gap.reshape(-1).kthvalue(rank).values))
+    tail = abs_gap >= tau
+    if tau <= 0:
+        tail &= measured
     amp_tail = amplifying & tail
 
     # 4-5. Segment diagnosis over (row, segment) bins: n_s valid tokens, k_s amplifying tail tokens.
     rows = torch.arange(B, device=device, dtype=torch.int64)[:, None] * num_segments
-    flat_seg = (segment_ids.to(torch.int64) + rows).reshape(-1)
+    flat_seg = (segment_ids + rows).reshape(-1)
     n_bins = B * num_segments
     n_seg = torch.zeros(n_bins, device=device).index_add_(0, flat_seg, valid.reshape(-1).float())
-    k_seg = torch.zeros(n_bins, device=device).index_add_(0, flat_seg, amp_tail.reshape(-1).float())
+    amp_tail_bins = flat_seg[amp_tail.reshape(-1)]  # amplifying tail tokens are few: work on them only
+    k_seg = torch.zeros(n_bins, device=device).index_add_(
+        0, amp_tail_bins, torch.ones(amp_tail_bins.numel(), device=device)
+    )
     density = k_seg.double() / n_seg.clamp(min=1).double()
     hot_seg = (k_seg >= config.triage_hot_min_tokens) & (density >= config.triage_hot_density)
-    in_hot = hot_seg[flat_seg].view(B, T) & valid
+    any_hot = bool(hot_seg.any())
+    in_hot = (hot_seg[flat_seg].view(B, T) & valid) if any_hot else torch.zeros_like(valid)
 
     # 6. Selective rebalancing of the heavier amplifying quadrant inside hot segments.
-    mass_na = _advantage_mass(adv, quadrant["NA"] & in_hot)
-    mass_pa = _advantage_mass(adv, quadrant["PA"] & in_hot)
-    heavy_is_na = mass_na >= mass_pa
-    mass_heavy, mass_light = (mass_na, mass_pa) if heavy_is_na else (mass_pa, mass_na)
-    beta = 1.0
-    if mass_heavy > 0:
-        beta = min(1.0, max(config.triage_rebalance_floor, mass_light / mass_heavy))
+    beta, rebalanced, heavy_is_na = 1.0, None, True
+    if any_hot:
+        mass_na = _advantage_mass(adv, (code == 0) & in_hot)
+        mass_pa = _advantage_mass(adv, (code == 1) & in_hot)
+        heavy_is_na = mass_na >= mass_pa
+        mass_heavy, mass_light = (mass_na, mass_pa) if heavy_is_na else (mass_pa, mass_na)
+        if mass_heavy > 0:
+            beta = min(1.0, max(config.triage_rebalance_floor, mass_light / mass_heavy))
+    weights = ones.clone()
     if beta < 1.0:
-        rebalanced = quadrant["NA" if heavy_is_na else "PA"] & in_hot
+        rebalanced = (code == (0 if heavy_is_na else 1)) & in_hot
         if config.triage_rebalance_scope == "tail":
             rebalanced &= tail
-        weights = torch.where(rebalanced, beta, ones)
-    else:
-        rebalanced = torch.zeros_like(valid)
-        weights = ones.clone()
+        weights.masked_fill_(rebalanced, beta)
 
-    # 7. Bounded repair of residual severe mismatch.
-    if config.triage_repair_mode == "none":
-        severe = torch.zeros_like(valid)
-    else:
-        # Only tokens that carry a policy-gradient update (A != 0) are repaired; the rest keep weight 1.
+    # 7. Bounded repair of residual severe mismatch. Only tokens that carry a policy-gradient update
+    # (A != 0) are repaired; the rest keep weight 1.
+    severe = None
+    if config.triage_repair_mode != "none":
         severe = (((abs_gap >= config.triage_severe_gap) & measured) | nonfinite) & (adv != 0)
         if config.triage_repair_mode == "mask":
             weights.masked_fill_(severe, 0.0)
         else:
-            weights[severe] *= _repair_weight(
-                raw_gap[severe], sampler[severe], nonfinite[severe], config.triage_severe_gap, config.triage_repair_clip
-            )
+            repair = _repair_weight(raw_gap, abs_gap, sampler, nonfinite, config.triage_severe_gap, config.triage_repair_clip)
+            weights = torch.where(severe, weights * repair, weights)
 
     metrics = _metrics(
-        raw_gap=raw_gap, abs_gap=abs_gap, valid=valid, measured=measured, nonfinite=nonfinite,
-        quadrant=quadrant, tail=tail, amp_tail=amp_tail, n_seg=n_seg, k_seg=k_seg, hot_seg=hot_seg,
-        in_hot=in_hot, rebalanced=rebalanced, severe=severe, weights=weights, beta=beta, tau=tau,
+        raw_gap=raw_gap, abs_gap=abs_gap, valid=valid, measured=measured, nonfinite=nonfinite, code=code,
+        tail=tail, amp_tail=amp_tail, n_seg=n_seg, k_seg=k_seg, hot_seg=hot_seg, in_hot=in_hot if any_hot else None,
+        rebalanced=rebalanced, severe=severe, weights=weights, beta=beta, tau=tau,
     )
     if config.triage_mode == "diagnose":
         return TriageResult(ones, metrics)
@@ -217,57 +214,64 @@ def _advantage_mass(adv: torch.Tensor, selected: torch.Tensor) -> float:
     return float(adv.abs().double().masked_fill(~selected, 0.0).sum())
 
 
-def _repair_weight(raw_gap, sampler, nonfinite, severe_gap: float, clip: float) -> torch.Tensor:
-    """Bounded importance weight clamp(exp(sign(gap) * (|gap| - severe_gap)), 1/C, C) of severe tokens.
+def _repair_weight(raw_gap, abs_gap, sampler, nonfinite, severe_gap: float, clip: float) -> torch.Tensor:
+    """Bounded importance weight clamp(exp(sign(gap) * (|gap| - severe_gap)), 1/C, C), per token.
 
     Non-finite sampler log-probs saturate it: -inf/NaN mean learner/sampler -> inf (weight C), +inf the
-    reverse (weight 1/C).
+    reverse (weight 1/C). Only meaningful on severe tokens; the caller selects them.
     """
-    excess = torch.sign(raw_gap) * (raw_gap.abs() - severe_gap)
-    saturated = torch.where(sampler == math.inf, -math.inf, math.inf)
-    excess = torch.where(nonfinite, saturated, excess)
-    return excess.exp().clamp(1.0 / clip, clip)
+    excess = torch.sign(raw_gap) * (abs_gap - severe_gap)
+    if bool(nonfinite.any()):
+        saturated = torch.where(sampler == math.inf, -math.inf, math.inf)
+        excess = torch.where(nonfinite, saturated, excess)
+    return excess.exp_().clamp_(1.0 / clip, clip)
 
 
-def _metrics(*, raw_gap, abs_gap, valid, measured, nonfinite, quadrant, tail, amp_tail, n_seg, k_seg,
+def _metrics(*, raw_gap, abs_gap, valid, measured, nonfinite, code, tail, amp_tail, n_seg, k_seg,
              hot_seg, in_hot, rebalanced, severe, weights, beta, tau) -> dict[str, float]:
     count, f64 = torch.count_nonzero, torch.float64
-    n_valid = count(valid).clamp(min=1)
-    n_meas = count(measured).clamp(min=1)
+    n_tokens = valid.numel()
+    n_valid = int(count(valid))
+    n_meas = max(int(count(measured)), 1)
     per_seq_tokens = count(measured, dim=1)
     seq_has_tokens = per_seq_tokens > 0
-    per_seq_mean = raw_gap.sum(dim=1, dtype=f64) / per_seq_tokens.clamp(min=1)
-    k3 = (torch.expm1(raw_gap.clamp(max=_K3_MAX_EXPONENT)) - raw_gap).masked_fill_(~measured, 0.0)
-    n_amp_tail = count(amp_tail)
+    per_seq_sum = raw_gap.sum(dim=1, dtype=f64)
+    k3 = torch.expm1(raw_gap.clamp(max=_K3_MAX_EXPONENT)).sub_(raw_gap)  # 0 where unmeasured (gap 0)
+    # quadrant x tail counts in one pass: bin = code + 5 * tail (code 4, "neither", is never read)
+    by_code = torch.bincount((code + tail.to(torch.uint8) * 5).reshape(-1), minlength=10).double()
+    n_amp_tail = int(by_code[5] + by_code[6])
     nonempty_segments = int(count(n_seg))
-    w_valid = weights.masked_fill(~valid, math.nan)
+    dv = max(n_valid, 1)
 
     stats = {
-        "gap_mean": raw_gap.sum(dtype=f64) / n_meas,
+        "gap_mean": per_seq_sum.sum() / n_meas,
         "gap_abs_mean": abs_gap.sum(dtype=f64) / n_meas,
-        "gap_abs_max": abs_gap.max() if abs_gap.numel() else 0.0,
+        "gap_abs_max": abs_gap.max() if n_tokens else 0.0,
         "k3_kl": k3.sum(dtype=f64) / n_meas,
-        "log_ppl_diff": per_seq_mean.masked_fill(~seq_has_tokens, 0.0).sum() / count(seq_has_tokens).clamp(min=1),
-        "nonfinite_sampler_frac": count(nonfinite) / n_valid,
+        "log_ppl_diff": (per_seq_sum / per_seq_tokens.clamp(min=1)).sum() / count(seq_has_tokens).clamp(min=1),
+        "nonfinite_sampler_frac": count(nonfinite) / dv,
     }
-    for name in QUADRANTS:
-        stats[f"frac_{name}"] = count(quadrant[name]) / n_valid
-    for name in QUADRANTS:
-        stats[f"tail_count_{name}"] = count(quadrant[name] & tail)
+    for i, name in enumerate(QUADRANTS):
+        stats[f"frac_{name}"] = (by_code[i] + by_code[5 + i]) / dv
+    for i, name in enumerate(QUADRANTS):
+        stats[f"tail_count_{name}"] = by_code[5 + i]
     stats["amp_imbalance"] = stats["tail_count_NA"] / (stats["tail_count_PA"] + 1.0)
     stats["hot_segment_frac"] = count(hot_seg) / max(nonempty_segments, 1)
-    stats["tail_in_hot_frac"] = count(amp_tail & in_hot) / n_amp_tail.clamp(min=1)
-    stats["tail_concentration"] = _top_decile_share(k_seg, nonempty_segments, int(n_amp_tail))
+    stats["tail_in_hot_frac"] = (count(amp_tail & in_hot) / max(n_amp_tail, 1)) if in_hot is not None else 0.0
+    stats["tail_concentration"] = _top_decile_share(k_seg, nonempty_segments, n_amp_tail)
     stats["beta"] = beta
-    stats["rebalanced_frac"] = count(rebalanced) / n_valid
-    stats["repaired_frac"] = count(severe) / n_valid
-    any_valid = bool(valid.any())
-    stats["weight_mean"] = w_valid.nansum(dtype=f64) / n_valid if any_valid else 1.0
-    stats["weight_min"] = w_valid.nan_to_num(math.inf).min() if any_valid else 1.0
-    stats["weight_max"] = w_valid.nan_to_num(-math.inf).max() if any_valid else 1.0
+    stats["rebalanced_frac"] = count(rebalanced) / dv if rebalanced is not None else 0.0
+    stats["repaired_frac"] = count(severe) / dv if severe is not None else 0.0
+    if n_valid:
+        # masked positions hold weight exactly 1: subtract them from the sum
+        stats["weight_mean"] = (weights.sum(dtype=f64) - (n_tokens - n_valid)) / n_valid
+        stats["weight_min"] = weights.masked_fill(~valid, math.inf).min()
+        stats["weight_max"] = weights.masked_fill(~valid, -math.inf).max()
+    else:
+        stats["weight_mean"] = stats["weight_min"] = stats["weight_max"] = 1.0
     stats["tau"] = tau
     values = torch.stack(
-        [torch.as_tensor(stats[k], dtype=torch.float64, device=valid.device).reshape(()) for k in METRIC_NAMES]
+        [torch.as_tensor(stats[k], dtype=f64, device=valid.device).reshape(()) for k in METRIC_NAMES]
     )
     return dict(zip(METRIC_NAMES, values.tolist()))
 

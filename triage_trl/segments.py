@@ -75,9 +75,9 @@ def segment_ids(
     if mode not in ("newline", "fixed"):
         raise ValueError(f"mode={mode!r} is invalid: it must be 'newline' or 'fixed'.")
     B, T = completion_ids.shape
-    positions = torch.arange(T, device=completion_ids.device).expand(B, T)
+    device = completion_ids.device
     if mode == "fixed":
-        return torch.div(positions, max_tokens, rounding_mode="floor").contiguous()
+        return torch.div(torch.arange(T, device=device), max_tokens, rounding_mode="floor").expand(B, T).contiguous()
     if newline_table is None:
         raise ValueError(
             "newline segments need a newline table: build it once with "
@@ -89,13 +89,14 @@ def segment_ids(
             "with vocab_size=<the model's embedding size>."
         )
     if T == 0:
-        return positions.clone()
-    ends_line = newline_table.to(completion_ids.device)[completion_ids]
+        return torch.zeros(B, 0, dtype=torch.int64, device=device)
+    ends_line = newline_table.to(device)[completion_ids]
     # A line starts at position 0 and after every newline token; within a line, cut every max_tokens.
+    # int32 arithmetic: positions are < T.
+    positions = torch.arange(T, device=device, dtype=torch.int32).expand(B, T)
     line_start = torch.zeros_like(ends_line)
     line_start[:, 0] = True
     line_start[:, 1:] = ends_line[:, :-1]
-    start_pos = torch.where(line_start, positions, torch.zeros_like(positions)).cummax(dim=1).values
-    ends = ends_line | ((positions - start_pos + 1) % max_tokens == 0)
-    ends = ends.to(torch.int64)
-    return ends.cumsum(dim=1) - ends
+    start_pos = (positions * line_start).cummax(dim=1).values
+    ends = ends_line | ((positions - start_pos) % max_tokens == max_tokens - 1)
+    return ends.cumsum(dim=1) - ends.to(torch.int64)
