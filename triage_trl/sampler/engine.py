@@ -257,8 +257,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             logprobs_mode="processed_logprobs",
             trust_remote_code=self.trust_remote_code,
         )
-        if self.temperature != 1.0:
-            kwargs["max_logprobs"] = -1  # score_logps rescales full-vocabulary prompt log-probs
+        kwargs["max_logprobs"] = -1  # score_logps at T != 1 rescales full-vocabulary prompt log-probs
         if on_cpu:
             kwargs["enforce_eager"] = True
         kwargs.update(self.llm_kwargs)
