@@ -14,6 +14,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from triage_trl.sampler.cpu_kernel import (  # noqa: E402
     FastCpuNvFp4LinearKernel,
+    _round_to_e4m3,
     nvfp4_quant_dequant_activations,
 )
 
@@ -43,6 +44,14 @@ def _activations(shape, seed, dtype=torch.bfloat16) -> torch.Tensor:
     if flat.shape[0] > 1:
         flat[1, 3] = 50.0  # a block clipped by the static global scale
     return x
+
+
+def test_integer_e4m3_rounding_equals_torch_fp8_cast():
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # every finite value >= 0
+    midpoints = (codes[1:] + codes[:-1]) / 2  # the round-to-nearest-even ties
+    g = torch.Generator().manual_seed(0)
+    s = torch.cat([codes, midpoints, torch.rand(200_000, generator=g) * 448, torch.rand(100_000, generator=g) * 2**-5])
+    assert torch.equal(_round_to_e4m3(s), s.to(torch.float8_e4m3fn).float())
 
 
 @pytest.mark.parametrize("m,k", [(1, 16), (7, 128), (33, 576), (300, 1536)])

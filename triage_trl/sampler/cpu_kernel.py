@@ -72,13 +72,27 @@ def _round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     return r * torch.sign(x)
 
 
+def _round_to_e4m3(s: torch.Tensor) -> torch.Tensor:
+    """``s.to(float8_e4m3fn).to(float32)`` for fp32 ``0 <= s <= 448``, in vectorisable integer ops.
+
+    Round-to-nearest-even to 3 mantissa bits on the fp32 bit pattern (normal E4M3 range, >= 2**-6), and to
+    multiples of 2**-9 below it (E4M3 subnormals). Inductor turns a real fp8 cast into a scalar software
+    conversion per element; this keeps the fused pass vectorised. Bit-identical (tested exhaustively on the
+    E4M3 midpoints and on random values in ``tests/test_sampler_kernel.py``).
+    """
+    bits = s.view(torch.int32)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & ~0xFFFFF).view(torch.float32)
+    subnormal = torch.round(s * 512.0) * (1 / 512.0)
+    return torch.where(s < 2.0**-6, subnormal, normal)
+
+
 def _quant_dequant_eager(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     m, k = x.shape
     blocks = x.reshape(m, k // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
     vec_max = torch.amax(torch.abs(blocks), dim=-1, keepdim=True).to(torch.float32)
     scale = global_scale * (vec_max * _FP4_MAX_RECIPROCAL)
-    scale = torch.clamp(scale, max=_FP8_E4M3_MAX, min=-_FP8_E4M3_MAX)
-    scale = scale.to(torch.float8_e4m3fn).to(torch.float32)
+    # vLLM clamps to [-448, 448]; the block amax and the global scale are >= 0, so only the upper bound acts.
+    scale = _round_to_e4m3(torch.clamp(scale, max=_FP8_E4M3_MAX, min=0.0))
     output_scale = _reciprocal(scale * _reciprocal(global_scale))
     scaled = torch.clamp(blocks.to(torch.float32) * output_scale, -6.0, 6.0)
     x_fp4 = _round_to_e2m1(scaled)
@@ -133,6 +147,7 @@ class _DequantisedWeight:
     weight: torch.Tensor  # [out, in], model dtype
     gemm: Any  # callable (x2d) -> [tokens, out]
     gemm_name: str
+    input_global_scale: torch.Tensor  # 0-d fp32, vLLM's divisor convention (layer.input_global_scale_inv)
 
 
 def _make_gemm(weight: torch.Tensor):
@@ -188,7 +203,12 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
         gemm, gemm_name = _make_gemm(weight)
         # A plain attribute (not a parameter/buffer): vLLM's layerwise reload re-runs this hook on
         # the same module object, which replaces it with the new weights.
-        layer.nvfp4_dequantised = _DequantisedWeight(weight=weight, gemm=gemm, gemm_name=gemm_name)
+        layer.nvfp4_dequantised = _DequantisedWeight(
+            weight=weight,
+            gemm=gemm,
+            gemm_name=gemm_name,
+            input_global_scale=layer.input_global_scale_inv.data.detach().reshape(()).to(torch.float32).clone(),
+        )
         type(self).dequantisations += 1
 
     def apply_weights(
@@ -205,7 +225,10 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
             )
         lead = x.shape[:-1]
         x2d = x.reshape(-1, x.shape[-1])
-        x_dq = nvfp4_quant_dequant_activations(x2d, layer.input_global_scale_inv)
+        if x2d.shape[0] == 0 or x2d.shape[-1] % NVFP4_BLOCK_SIZE != 0:
+            x_dq = nvfp4_quant_dequant_activations(x2d, cache.input_global_scale)  # raises on a bad k
+        else:
+            x_dq = _get_compiled_quant_dequant()(x2d, cache.input_global_scale)
         out = cache.gemm(x_dq)
         out = out.reshape(*lead, out.shape[-1])
         if bias is not None:
