@@ -336,3 +336,22 @@ def test_past_two_to_the_24_tokens():
     r = run(old, sampler, torch.tensor([1.0, -1.0]), torch.ones(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.long))
     _all_finite(r)
     assert r.metrics["tau"] == pytest.approx(0.98, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "ties", "constant", "sorted", "heavy_tail", "mostly_zero"])
+def test_kth_smallest_is_exact_on_every_path(kind):
+    """The sampled-bound shortcut of the order statistic must return exactly torch.kthvalue's value."""
+    from triage_trl.objective import _kth_smallest
+
+    g = torch.Generator().manual_seed(0)
+    n = 300_000
+    values = {
+        "uniform": torch.rand(n, generator=g),
+        "ties": torch.randint(0, 5, (n,), generator=g).float(),
+        "constant": torch.full((n,), 0.25),
+        "sorted": torch.linspace(0, 1, n),
+        "heavy_tail": torch.randn(n, generator=g).abs() ** 6,
+        "mostly_zero": (torch.rand(n, generator=g) < 0.01) * torch.rand(n, generator=g),
+    }[kind]
+    for k in (1, n // 2, n - n // 20, n - n // 50, n - 100, n - 1, n):
+        assert _kth_smallest(values, k) == float(values.kthvalue(k).values), k
