@@ -120,3 +120,62 @@ def nvfp4_vllm_engine(tmp_path_factory):
             else:
                 os.environ[k] = v
 # --- end nvfp4 fixtures ---
+
+
+# --- sampler fixtures ---
+@pytest.fixture(scope="session")
+def triage_samplers(tmp_path_factory):
+    """Build-once cache of ``TriageVLLMGeneration`` engines (in-process vLLM CPU, eager, 1 GiB KV cache).
+
+    ``triage_samplers(precision)`` returns a namespace with ``gen`` (the sampler), ``model`` (its bf16 learner, a
+    tiny random Qwen3 whose ``lm_head`` is scaled x20 so log-probs are far from uniform), ``tokenizer`` and
+    ``temperature`` (1.0 for bf16, 0.7 for nvfp4, so both probe-scoring paths run). One engine per precision per
+    session; tests that change the learner's weights must restore them and sync again.
+    """
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    threads = torch.get_num_threads()
+    cache = {}
+
+    def get(precision):
+        if precision not in cache:
+            from accelerate import Accelerator
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from triage_trl.sampler.engine import TriageVLLMGeneration
+            from triage_trl.testing import save_tiny_qwen3
+
+            root = tmp_path_factory.mktemp(f"sampler-{precision}")
+            src = save_tiny_qwen3(root / "src")
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+            tokenizer = AutoTokenizer.from_pretrained(src)
+            with torch.no_grad():
+                model.lm_head.weight.mul_(20)
+            temperature = 1.0 if precision == "bf16" else 0.7
+            gen = TriageVLLMGeneration(
+                model, Accelerator(cpu=True), tokenizer,
+                sampler_precision=precision,
+                calibration_prompts=["What is 3 + 4? Let me think step by step.", tokenizer("Compute 12 - 5.")["input_ids"]],
+                checkpoint_dir=str(root / "ckpt"),
+                max_model_length=256, max_num_seqs=8, max_completion_length=8, temperature=temperature,
+            )
+            cache[precision] = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer, temperature=temperature)
+        return cache[precision]
+
+    try:
+        yield get
+    finally:
+        cache.clear()
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+# --- end sampler fixtures ---

@@ -262,13 +262,14 @@ class TriageVLLMGeneration(VLLMGeneration):
             kwargs["enforce_eager"] = True
         kwargs.update(self.llm_kwargs)
 
-        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        threads = torch.get_num_threads()
         affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         try:
             self.llm = LLM(**kwargs)
         finally:
-            # vLLM's CPU worker binds this process and replaces torch.set_num_threads with a no-op that warns.
-            torch.set_num_threads = set_threads
+            # vLLM's CPU worker binds this process to its cores and replaces torch.set_num_threads with a no-op
+            # that warns; put back torch's own function (torch._C's), the affinity and the thread count.
+            torch.set_num_threads = torch._C.set_num_threads
             if affinity is not None:
                 os.sched_setaffinity(0, affinity)
             torch.set_num_threads(threads)

@@ -1,0 +1,245 @@
+"""TriageVLLMGeneration on the vLLM CPU build: start, one-call sync, probe scoring, sampling checks.
+
+Measured on this CPU (tiny Qwen3, lm_head x20; mean |learner - sampler| over the probe's scored tokens, nats):
+bf16 sampler vs bf16 learner ~1e-3 at start and after a sync (bound 0.02); NVFP4 sampler vs bf16 learner
+~0.05-0.1 (bound 0.25: W4A4 quantisation error, not a sync error); a skipped sync after the perturbation below
+leaves a gap >= 3x the synced gap and >= 0.1 nats on both.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from triage_trl.sampler.engine import TriageVLLMGeneration, check_comparable_sampling  # noqa: E402
+
+PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
+GAP_BOUND = {"bf16": 0.02, "nvfp4": 0.25}
+
+
+def learner_logps(model, ids: list[int], temperature: float) -> torch.Tensor:
+    """TRL's learner log-probs: log_softmax(logits / T) of tokens 1..L-1, float32."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def probe_gap(s, ids) -> float:
+    sampler = torch.tensor(s.gen.score_logps([ids])[0])
+    return float((learner_logps(s.model, ids, s.temperature) - sampler).abs().mean())
+
+
+@torch.no_grad()
+def perturb(model, seed: int, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Add ``scale * std(W) * noise`` to every decoder linear and lm_head weight; returns the deltas."""
+    g = torch.Generator().manual_seed(seed)
+    deltas = {}
+    for name, p in model.named_parameters():
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            d = (torch.randn(p.shape, generator=g) * p.float().std() * scale).to(p.dtype)
+            p.add_(d)
+            deltas[name] = d
+    return deltas
+
+
+@torch.no_grad()
+def restore(model, deltas):
+    for name, p in model.named_parameters():
+        if name in deltas:
+            p.sub_(deltas[name])
+
+
+# ---------------------------------------------------------------- fast: settings refused before any engine starts
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"temperature": 0.0}, "temperature"),
+        ({"temperature": 1.0, "repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"temperature": 1.0, "top_k": 50}, "top_k"),
+        ({"temperature": 1.0, "top_p": 0.9}, "top_p"),
+        ({"temperature": 1.0, "min_p": 0.05}, "min_p"),
+        ({"temperature": 1.0, "generation_kwargs": {"presence_penalty": 0.5}}, "presence_penalty"),
+        ({"temperature": 1.0, "generation_kwargs": {"logit_bias": {3: 1.0}}}, "logit_bias"),
+        ({"temperature": 1.0, "generation_kwargs": {"min_tokens": 4}}, "min_tokens"),
+        ({"temperature": 1.0, "generation_kwargs": {"top_k": 20}}, "top_k"),
+        ({"temperature": 1.0, "structured_outputs_regex": "[0-9]+"}, "structured_outputs"),
+    ],
+)
+def test_incomparable_sampling_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_comparable_sampling(**kwargs)
+
+
+def test_plain_temperature_sampling_is_accepted():
+    check_comparable_sampling(temperature=0.7, top_k=-1, min_p=None, generation_kwargs={"seed": 1, "ignore_eos": True})
+    check_comparable_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"sampler_precision": "fp8", "checkpoint_dir": "x"}, "sampler_precision"),
+        ({"sampler_precision": "bf16", "checkpoint_dir": "x", "mode": "server"}, "colocate"),
+        ({"sampler_precision": "nvfp4", "checkpoint_dir": "x"}, "calibration_prompts"),
+        ({"sampler_precision": "bf16", "checkpoint_dir": "x", "top_k": 10}, "top_k"),
+        ({"sampler_precision": "bf16"}, "checkpoint_dir"),
+    ],
+)
+def test_constructor_errors_name_the_fix(tmp_path, kwargs, match):
+    from accelerate import Accelerator
+
+    with pytest.raises(ValueError, match=match):
+        TriageVLLMGeneration(torch.nn.Linear(2, 2), Accelerator(cpu=True), None, **kwargs)
+
+
+# ---------------------------------------------------------------- slow: real engines (one per precision per session)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
+    s = triage_samplers(precision)
+    report = s.gen.kernel_report
+    assert report["sampler_precision"] == precision
+    assert report["dtype"] == "bfloat16"
+    if precision == "nvfp4":
+        assert report["linear_kernels"] == "CompressedTensorsW4A4Fp4/FastCpuNvFp4LinearKernel x8"
+        assert report["activations"].startswith("nvfp4")
+        assert report["gemm"] in ("onednn_mm", "torch.matmul")
+    else:
+        assert report["linear_kernels"] == "UnquantizedLinearMethod x8"
+    assert s.gen.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
+    assert torch.set_num_threads is torch._C.set_num_threads  # vLLM's no-op replacement undone
+    ids = s.tokenizer("What is 3 + 4?")["input_ids"]
+    prompt_ids, completion_ids, logprobs, _ = s.gen.generate([ids, ids], None, 1)
+    assert prompt_ids == [ids, ids]
+    assert [len(c) for c in completion_ids] == [8, 8] or all(1 <= len(c) <= 8 for c in completion_ids)
+    assert all(len(lp) == len(c) and all(x[0] <= 0 for x in lp) for lp, c in zip(logprobs, completion_ids))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_sync_matches_learner_and_skipped_sync_is_caught(triage_samplers, precision):
+    s = triage_samplers(precision)
+    ids = s.tokenizer(PROBE)["input_ids"]
+    start_gap = probe_gap(s, ids)
+    assert start_gap <= GAP_BOUND[precision]
+
+    deltas = perturb(s.model, seed=1)
+    try:
+        stale_gap = probe_gap(s, ids)  # the learner moved, the sampler did not
+        s.gen.sync_weights()
+        synced_gap = probe_gap(s, ids)
+        print(f"{precision}: start {start_gap:.4f} stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
+        assert synced_gap <= GAP_BOUND[precision]
+        assert stale_gap >= 0.1 and stale_gap >= 3 * synced_gap
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+    assert probe_gap(s, ids) <= GAP_BOUND[precision]
+
+
+@pytest.mark.slow
+def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
+    s = triage_samplers("bf16")
+    runner = s.gen._model_runner()
+    calls = []
+    original = runner.reload_weights
+
+    def counting(weights_iterator=None, **kw):
+        weights = list(weights_iterator)
+        calls.append(({n for n, _ in weights}, kw))
+        return original(weights_iterator=iter(weights), **kw)
+
+    monkeypatch.setattr(runner, "reload_weights", counting)
+    ids = s.tokenizer(PROBE)["input_ids"]
+    deltas = perturb(s.model, seed=2)
+    try:
+        s.gen.sync_weights()
+        gap = probe_gap(s, ids)
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+    assert len(calls) == 2 and all(kw == {"is_checkpoint_format": True} for _, kw in calls)
+    names, _ = calls[0]
+    assert names == {n for n, _ in s.model.named_parameters()}
+    assert gap <= GAP_BOUND["bf16"]
+
+
+@pytest.mark.slow
+def test_nvfp4_reload_refreshes_fast_kernel_cache(triage_samplers):
+    """vLLM 0.31's layerwise reload re-runs process_weights_after_loading on the same modules: the fast kernel's
+    dequantised weights follow the new packed weights, and its output equals the emulation kernel's on them."""
+    from vllm.model_executor.kernels.linear import EmulationNvFp4LinearKernel
+    from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearLayerConfig
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    from triage_trl.sampler.cpu_kernel import FastCpuNvFp4LinearKernel
+
+    s = triage_samplers("nvfp4")
+    layers = [m for m in s.gen._model_runner().model.modules() if hasattr(m, "nvfp4_dequantised")]
+    assert len(layers) == 8
+    before = [layer.nvfp4_dequantised.weight.clone() for layer in layers]
+    count = FastCpuNvFp4LinearKernel.dequantisations
+    deltas = perturb(s.model, seed=3)
+    try:
+        s.gen.sync_weights()
+        assert FastCpuNvFp4LinearKernel.dequantisations - count == len(layers)  # once per layer per load
+        emu = EmulationNvFp4LinearKernel(NvFp4LinearLayerConfig())
+        for layer, old in zip(layers, before):
+            cached = layer.nvfp4_dequantised.weight
+            packed = layer.weight.data.view(torch.uint8)
+            fresh = dequantize_to_dtype(packed, layer.weight_scale.data, layer.weight_global_scale.data,
+                                        torch.bfloat16, 16, swizzle=False)
+            assert torch.equal(cached, fresh) and not torch.equal(cached, old)
+            x = torch.randn(5, cached.shape[1]).to(torch.bfloat16)
+            out, ref = layer.scheme.kernel.apply_weights(layer, x), emu.apply_weights(layer, x)
+            assert bool(((out.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-3).all())
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+
+
+@pytest.mark.slow
+def test_probe_scoring_rescales_to_any_temperature(triage_samplers):
+    s = triage_samplers("bf16")
+    ids = s.tokenizer(PROBE)["input_ids"]
+    for temperature in (1.0, 0.6, 1.5):
+        sampler = torch.tensor(s.gen.score_logps([ids, ids[:10]], temperature=temperature)[0])
+        learner = learner_logps(s.model, ids, temperature)
+        assert sampler.shape == learner.shape == (len(ids) - 1,)
+        assert float((sampler - learner).abs().mean()) <= GAP_BOUND["bf16"]
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        s.gen.score_logps([[5]])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_peft_sync_sends_merged_weights(triage_samplers, precision):
+    from peft import LoraConfig, get_peft_model
+
+    s = triage_samplers(precision)
+    base = s.model
+    ids = s.tokenizer(PROBE)["input_ids"]
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(4)
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.5)
+    try:
+        s.gen.model = peft_model
+        s.gen.sync_weights()
+        with torch.no_grad():
+            logits = peft_model(input_ids=torch.tensor([ids])).logits[0, :-1].float() / s.temperature
+        learner = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        sampler = torch.tensor(s.gen.score_logps([ids])[0])
+        assert float((learner - sampler).abs().mean()) <= GAP_BOUND[precision]
+        assert not any("lora" in n for n, _ in s.gen._iter_sampler_weights())
+    finally:
+        s.gen.model = peft_model.unload()
+        s.model = s.gen.model
+        s.gen.sync_weights()
+    assert probe_gap(s, ids) <= GAP_BOUND[precision]
