@@ -1,9 +1,14 @@
 """TriageVLLMGeneration on the vLLM CPU build: start, one-call sync, probe scoring, sampling checks.
 
-Measured on this CPU (tiny Qwen3, lm_head x20; mean |learner - sampler| over the probe's scored tokens, nats):
-bf16 sampler vs bf16 learner ~1e-3 at start and after a sync (bound 0.02); NVFP4 sampler vs bf16 learner
-~0.05-0.1 (bound 0.25: W4A4 quantisation error, not a sync error); a skipped sync after the perturbation below
-leaves a gap >= 3x the synced gap and >= 0.1 nats on both.
+Probe gap = mean |learner - sampler| log-prob over the probe's scored tokens (nats), learner in bf16 (transformers).
+Measured on this CPU (tiny Qwen3, see the ``triage_samplers`` fixture):
+
+* bf16 sampler (lm_head x8, T=1): 0.011 at start, 0.013 after syncing perturbed weights (bound 0.03: bf16
+  rounding of logits of magnitude ~10 in two GEMM orders);
+* NVFP4 sampler (lm_head x2, T=0.7): 0.19 at start, 0.18 after a sync (bound 0.3: the W4A4 quantisation error
+  against a bf16 learner, not a sync error);
+* a skipped sync after perturbing every linear by 0.5 std: 1.42 (bf16) and 0.55 (NVFP4) nats; the test asks
+  for >= 2x the synced gap and >= synced + 0.2 nats.
 """
 
 import pytest
@@ -14,7 +19,7 @@ pytest.importorskip("vllm")
 from triage_trl.sampler.engine import TriageVLLMGeneration, check_comparable_sampling  # noqa: E402
 
 PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
-GAP_BOUND = {"bf16": 0.02, "nvfp4": 0.25}
+GAP_BOUND = {"bf16": 0.03, "nvfp4": 0.3}
 
 
 def learner_logps(model, ids: list[int], temperature: float) -> torch.Tensor:
@@ -134,7 +139,7 @@ def test_sync_matches_learner_and_skipped_sync_is_caught(triage_samplers, precis
         synced_gap = probe_gap(s, ids)
         print(f"{precision}: start {start_gap:.4f} stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
         assert synced_gap <= GAP_BOUND[precision]
-        assert stale_gap >= 0.1 and stale_gap >= 3 * synced_gap
+        assert stale_gap >= 2 * synced_gap and stale_gap >= synced_gap + 0.2
     finally:
         restore(s.model, deltas)
         s.gen.sync_weights()
