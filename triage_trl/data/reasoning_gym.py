@@ -1,0 +1,77 @@
+"""The embedded default task: procedurally generated ``reasoning-gym`` problems (no network, no files).
+
+``reasoning_gym.create_dataset(name, seed=, size=, **difficulty)`` yields ``{"question", "answer", "metadata"}``
+items; the dataset's own ``score_answer(answer, entry)`` scores them (``triage_trl.rewards.reasoning_gym_reward``,
+which counts only a score of 1.0 as correct: the scorers give partial credit). Each row keeps its item as JSON
+in ``rg_entry`` so the scorer can be rebuilt from ``metadata["source_dataset"]`` inside a reward function.
+
+Default difficulty: :data:`DEFAULT_TASK` — measured so that SmolLM2-135M-Instruct starts between 10% and 60%
+correct and most GRPO groups have mixed rewards (numbers in ``triage_trl/demo.py`` and the README).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .prompts import ARITHMETIC_EXAMPLE, boxed_chat_prompt
+
+DEFAULT_TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+"""The demo's task: sums/differences of two 1-2 digit numbers (``reasoning_gym.arithmetic.chain_sum``)."""
+TRAIN_SEED = 0
+HELD_OUT_SEED = 1234
+"""Seeds of the training items and of the held-out slice (different seeds: different items)."""
+
+# A one-shot turn in reasoning-gym's own arithmetic question style.
+RG_ARITHMETIC_EXAMPLE = (
+    "State the final answer to the following arithmetic problem: 23 + 9 - 4 =",
+    ARITHMETIC_EXAMPLE[1],
+)
+
+
+def reasoning_gym_dataset(task: dict | None = None, *, size: int = 64, seed: int = TRAIN_SEED,
+                          example: tuple[str, str] | None = RG_ARITHMETIC_EXAMPLE):
+    """``datasets.Dataset`` with ``prompt`` (chat messages), ``answer`` (str), ``answer_kind``
+    (``"reasoning_gym"``) and ``rg_entry`` (the item as JSON, for the task's scorer).
+
+    Args:
+        task: ``{"name": <reasoning-gym dataset>, **difficulty}`` (e.g. ``{"name": "basic_arithmetic",
+            "min_terms": 2, "max_terms": 3}``); ``None``: :data:`DEFAULT_TASK`.
+        size: number of items; >= 1.
+        seed: reasoning-gym seed (items ``0..size-1`` of that seed).
+        example: the one-shot turn (``None`` for none).
+
+    Raises:
+        ImportError: ``reasoning-gym`` is not installed (``make install`` or ``pip install reasoning-gym``).
+        ValueError: ``size < 1``, no ``name``, or a name/difficulty reasoning-gym refuses.
+    """
+    from datasets import Dataset
+
+    rg = _import_reasoning_gym()
+    task = dict(DEFAULT_TASK if task is None else task)
+    name = task.pop("name", None)
+    if not name:
+        raise ValueError(f"task={task!r} needs a 'name' (a reasoning-gym dataset, e.g. 'chain_sum').")
+    if size < 1:
+        raise ValueError(f"size={size} must be >= 1.")
+    try:
+        items = rg.create_dataset(name, seed=seed, size=size, **task)
+    except (AssertionError, TypeError, ValueError) as err:
+        raise ValueError(f"reasoning-gym refused task {name!r} with {task}: {err}") from err
+    prompts, answers, entries = [], [], []
+    for item in items:
+        prompts.append(boxed_chat_prompt(item["question"], example))
+        answers.append(str(item["answer"]))
+        entries.append(json.dumps({"answer": item["answer"], "metadata": item["metadata"]}, default=str))
+    return Dataset.from_dict(
+        {"prompt": prompts, "answer": answers, "answer_kind": ["reasoning_gym"] * size, "rg_entry": entries}
+    )
+
+
+def _import_reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError as err:
+        raise ImportError(
+            "The embedded default task needs reasoning-gym: run `make install` (or `pip install reasoning-gym==0.1.25`)."
+        ) from err
+    return reasoning_gym
