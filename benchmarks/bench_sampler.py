@@ -130,16 +130,21 @@ def main():
         from vllm.model_executor.kernels import linear as linear_kernels
         from vllm.platforms import PlatformEnum
 
-        from triage_trl.sampler.cpu_kernel import FastCpuNvFp4LinearKernel, register_emulation_nvfp4_kernel
+        from triage_trl.sampler import cpu_kernel
 
-        register_emulation_nvfp4_kernel()
+        cpu_kernel.register_emulation_nvfp4_kernel()
         cpu = linear_kernels._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]
-        cpu.remove(FastCpuNvFp4LinearKernel)
+        cpu.remove(cpu_kernel.FastCpuNvFp4LinearKernel)
+        register_fast = cpu_kernel.register_fast_cpu_nvfp4_kernel
+        cpu_kernel.register_fast_cpu_nvfp4_kernel = lambda: None  # the sampler registers it at start
         try:
             emu = start_sampler(model, tokenizer, "nvfp4", workdir + "/emu", args.emulation_tokens, args.seqs)
         finally:
-            cpu.insert(0, FastCpuNvFp4LinearKernel)
+            cpu_kernel.register_fast_cpu_nvfp4_kernel = register_fast
+            cpu.insert(0, cpu_kernel.FastCpuNvFp4LinearKernel)
         print(f"  emulation: {emu.kernel_report}")
+        if "EmulationNvFp4LinearKernel" not in emu.kernel_report["linear_kernels"]:
+            raise RuntimeError(f"the reference engine does not run vLLM's emulation kernel: {emu.kernel_report}")
         time_generate(emu, prompts)
         elapsed, n = time_generate(emu, prompts)
         scaled = elapsed * args.tokens / args.emulation_tokens

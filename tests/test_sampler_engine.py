@@ -107,6 +107,7 @@ def test_constructor_errors_name_the_fix(tmp_path, kwargs, match):
 def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
     s = triage_samplers(precision)
     report = s.gen.kernel_report
+    assert report["platform"] == "cpu"
     assert report["sampler_precision"] == precision
     assert report["dtype"] == "bfloat16"
     if precision == "nvfp4":

@@ -385,10 +385,12 @@ class TriageVLLMGeneration(VLLMGeneration):
             weights = "nvfp4 (E2M1, E4M3 block scales /16, fp32 tensor scale)"
         else:
             activations, weights = "bf16", "bf16"
+        device = current_platform.device_type
+        if device == "cuda" and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            device = f"{torch.cuda.get_device_name()} (sm{major}{minor})"
         report = {
-            "platform": str(current_platform.device_name if hasattr(current_platform, "device_name") else "")
-            or current_platform.device_type,
-            "device_type": current_platform.device_type,
+            "platform": device,
             "sampler_precision": self.sampler_precision,
             "dtype": str(SAMPLER_DTYPE).removeprefix("torch."),
             "weights": weights,
