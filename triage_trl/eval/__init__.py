@@ -1,0 +1,30 @@
+"""triage-eval: greedy pass@1, avg@n and unbiased pass@k on GSM8K and five math benchmarks, scored by math-verify.
+
+Python API (notebooks)::
+
+    from triage_trl.eval import evaluate
+    res = evaluate("smollm2-135m-instruct", ["gsm8k", "math500"], data_dir="../shared/data", limit=50,
+                   backend="vllm", precision="nvfp4", output_dir="eval-out")
+    print(res.to_markdown()); res.benchmarks["gsm8k"].records[0]
+
+Command line: ``triage-eval --model PATH --benchmarks gsm8k,math500 --data-dir ../shared/data`` (see ``cli.py``).
+"""
+
+from .benchmarks import BENCHMARKS, HUB_SOURCES, Problem, load_benchmark
+from .metrics import default_ks, pass_at_k, summarize
+from .runner import BenchmarkResult, EvalConfig, EvalResults, evaluate, score_completions
+
+__all__ = [
+    "BENCHMARKS",
+    "HUB_SOURCES",
+    "BenchmarkResult",
+    "EvalConfig",
+    "EvalResults",
+    "Problem",
+    "default_ks",
+    "evaluate",
+    "load_benchmark",
+    "pass_at_k",
+    "score_completions",
+    "summarize",
+]

@@ -1,0 +1,248 @@
+"""Generation backends of the evaluator: in-process vLLM (CPU or GPU) and transformers, in bf16 or NVFP4.
+
+Both take tokenised prompts and return decoded completions, ``n`` per prompt:
+
+* :class:`VLLMBackend` - ``vllm.LLM`` in this process. ``precision="nvfp4"`` serves the same
+  compressed-tensors ``nvfp4-pack-quantized`` checkpoint the TRIAGE sampler serves: activation
+  global scales from ``triage_trl.nvfp4.export.calibrate_input_global_scales`` on calibration
+  prompts (the evaluator passes the first benchmark prompts), written by
+  ``triage_trl.nvfp4.export.save_nvfp4_checkpoint`` and cast like the sampler's
+  (``TriageVLLMGeneration._cast_saved_checkpoint``); on the vLLM CPU platform the layers run
+  ``triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`` (registered in-process, so
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required and set when unset).
+* :class:`TransformersBackend` - ``model.generate`` in bf16; ``precision="nvfp4"`` converts the
+  decoder linears with ``triage_trl.nvfp4.learner.convert_to_nvfp4_learner`` (the learner's W4A4
+  path: native on sm100 GPUs, exact emulation elsewhere).
+
+Greedy decoding is ``temperature=0``. Source: TRIAGE issue 6; the sampler start in
+``triage_trl/sampler/engine.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BACKENDS", "PRECISIONS", "TransformersBackend", "VLLMBackend", "make_backend"]
+
+BACKENDS = ("vllm", "transformers")
+PRECISIONS = ("bf16", "nvfp4")
+
+
+def _check(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+def _load_hf_model(model_path: str, device: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+    if device is not None:
+        model.to(device)
+    return model.eval()
+
+
+class VLLMBackend:
+    """In-process ``vllm.LLM`` serving ``model_path`` in bf16, or its NVFP4 export.
+
+    Args:
+        model_path: a transformers model folder (or Hub id).
+        precision: ``"bf16"`` or ``"nvfp4"``.
+        tokenizer: the model's tokenizer (saved into the NVFP4 checkpoint).
+        max_model_len: prompt + completion tokens per sequence (keep it small on CPU: it sizes the KV cache).
+        seed: engine seed.
+        calibration_prompts: rendered prompt strings for the NVFP4 activation scales (required for nvfp4).
+        checkpoint_dir: where the NVFP4 checkpoint is written (default: a temporary folder removed with the backend).
+        llm_kwargs: extra ``vllm.LLM`` arguments (override the defaults).
+
+    Raises:
+        ValueError: unknown precision, nvfp4 without calibration prompts, or
+            ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` with nvfp4 on CPU (the fast kernel is registered in this process).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        precision: str = "bf16",
+        tokenizer=None,
+        max_model_len: int = 2048,
+        seed: int = 0,
+        calibration_prompts: Sequence[str] | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        llm_kwargs: dict | None = None,
+    ):
+        _check(precision)
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.precision = precision
+        self._tmp = None
+        on_cpu = current_platform.is_cpu()
+        served = model_path
+        if precision == "nvfp4":
+            if not calibration_prompts:
+                raise ValueError("precision='nvfp4' needs calibration_prompts for the activation global scales.")
+            if on_cpu:
+                if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+                    raise ValueError(
+                        "NVFP4 on the vLLM CPU platform registers its kernel in this process: set "
+                        "VLLM_ENABLE_V1_MULTIPROCESSING=0 (or leave it unset)."
+                    )
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            served = str(self._export_nvfp4(model_path, tokenizer, calibration_prompts, checkpoint_dir))
+            if on_cpu:
+                from ..sampler.cpu_kernel import register_fast_cpu_nvfp4_kernel
+
+                register_fast_cpu_nvfp4_kernel()
+        kwargs = dict(
+            model=served, tokenizer=served, dtype=torch.bfloat16, max_model_len=max_model_len, seed=seed,
+            max_num_batched_tokens=max(4096, max_model_len),
+        )
+        if on_cpu:
+            kwargs["enforce_eager"] = True
+        kwargs.update(llm_kwargs or {})
+        threads = torch.get_num_threads()
+        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            # As the sampler does (engine.py): vLLM's CPU worker pins this process to one core and replaces
+            # torch.set_num_threads with a no-op; put back torch's function, the affinity and the thread count.
+            torch.set_num_threads = torch._C.set_num_threads
+            if affinity is not None:
+                os.sched_setaffinity(0, affinity)
+            torch.set_num_threads(threads)
+        self.served_path = served
+        self.checkpoint_dir = served
+        self.sampler_precision = precision
+        from ..sampler.engine import TriageVLLMGeneration
+
+        # The sampler's kernel inspection (which linear kernels run, in which precision; raises if an NVFP4
+        # checkpoint was not read as NVFP4). It only reads `llm`, `sampler_precision` and `checkpoint_dir`.
+        self.kernel_report = TriageVLLMGeneration._inspect_kernels(self)
+
+    def _model_runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner
+
+    def _export_nvfp4(self, model_path, tokenizer, prompts, checkpoint_dir) -> Path:
+        from ..nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+        from ..sampler.engine import TriageVLLMGeneration
+
+        if checkpoint_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="triage-eval-nvfp4-")
+            checkpoint_dir = self._tmp.name
+        out = Path(checkpoint_dir)
+        model = _load_hf_model(model_path)
+        with torch.no_grad():
+            scales = calibrate_input_global_scales(model, tokenizer, list(prompts))
+            save_nvfp4_checkpoint(model, tokenizer, out, scales)
+        TriageVLLMGeneration._cast_saved_checkpoint(out / "model.safetensors")
+        cfg_path = out / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"  # what the checkpoint holds (as the sampler writes it)
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        del model
+        return out
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], *, n: int, temperature: float, max_new_tokens: int,
+        seeds: Sequence[int],
+    ) -> list[list[str]]:
+        """``n`` completions per prompt (``temperature=0``: greedy, ``n`` must be 1); one vLLM seed per prompt."""
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, seed=int(s)) for s in seeds
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False
+        )
+        return [[c.text for c in out.outputs] for out in outputs]
+
+
+class TransformersBackend:
+    """``transformers`` ``generate`` in bf16, or with the NVFP4 learner's W4A4 linears.
+
+    Args:
+        model_path: a transformers model folder (or Hub id).
+        precision: ``"bf16"`` or ``"nvfp4"`` (``convert_to_nvfp4_learner``, native where available).
+        tokenizer: the model's tokenizer (its pad token, or eos, pads on the left).
+        device: torch device (default: CUDA when available, else CPU).
+        batch_size: prompts per ``generate`` call.
+
+    Raises:
+        ValueError: unknown precision.
+    """
+
+    name = "transformers"
+
+    def __init__(self, model_path: str, *, precision: str = "bf16", tokenizer=None, device: str | None = None,
+                 batch_size: int = 16):
+        _check(precision)
+        self.precision = precision
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = _load_hf_model(model_path, self.device)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.kernel_report = {"platform": self.device, "precision": precision, "dtype": "bfloat16"}
+        if precision == "nvfp4":
+            from ..nvfp4.learner import convert_to_nvfp4_learner
+
+            report = convert_to_nvfp4_learner(self.model)
+            self.kernel_report["linear_kernels"] = ", ".join(f"{k}={v}" for k, v in report.summary().items())
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token: set tokenizer.pad_token.")
+        self.pad_id = pad
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
+        self.eos_ids = sorted(eos)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], *, n: int, temperature: float, max_new_tokens: int,
+        seeds: Sequence[int],
+    ) -> list[list[str]]:
+        """``n`` completions per prompt, left-padded batches of ``batch_size``; ``torch.manual_seed(seeds[i])`` per batch."""
+        out: list[list[str]] = []
+        for start in range(0, len(prompt_ids), self.batch_size):
+            batch = [list(p) for p in prompt_ids[start : start + self.batch_size]]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in batch], device=self.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
+            torch.manual_seed(int(seeds[start]))
+            kwargs = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature,
+                                                                          top_k=0, top_p=1.0)
+            gen = self.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_return_sequences=n,
+                pad_token_id=self.pad_id, eos_token_id=self.eos_ids, **kwargs,
+            )
+            texts = self.tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+            out += [texts[i * n : (i + 1) * n] for i in range(len(batch))]
+        return out
+
+
+def make_backend(name: str, model_path: str, **kwargs):
+    """Build ``VLLMBackend`` (``"vllm"``) or ``TransformersBackend`` (``"transformers"``) with ``kwargs``.
+
+    Raises:
+        ValueError: unknown backend name.
+    """
+    if name == "vllm":
+        return VLLMBackend(model_path, **kwargs)
+    if name == "transformers":
+        return TransformersBackend(model_path, **kwargs)
+    raise ValueError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")

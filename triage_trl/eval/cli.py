@@ -1,0 +1,69 @@
+"""``triage-eval``: evaluate a model on GSM8K and the math benchmarks (greedy pass@1, avg@n, pass@k).
+
+Example::
+
+    triage-eval --model smollm2-135m-instruct --benchmarks gsm8k,math500 --data-dir ../shared/data \\
+        --limit 100 --precision nvfp4 --output-dir eval-smollm2-nvfp4
+
+Writes ``results.json`` / ``results.md`` and per-problem records into ``--output-dir`` (rerunning the
+same command resumes) and prints the markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .benchmarks import BENCHMARKS
+
+DEFAULT_BENCHMARKS = ",".join(BENCHMARKS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="triage-eval",
+        description="Score a model on math benchmarks with math-verify: greedy pass@1, or avg@n and unbiased "
+        "pass@k with --n > 1. bf16 or NVFP4 (the sampler's compressed-tensors export).",
+    )
+    p.add_argument("--model", required=True, help="model folder, Hub id, or smollm2-135m-instruct (embedded default)")
+    p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS, help=f"comma-separated, from: {DEFAULT_BENCHMARKS}")
+    p.add_argument("--data-dir", default=None,
+                   help="folder of <benchmark>/test.jsonl (like ../shared/data); omit to load the Hub datasets")
+    p.add_argument("--precision", choices=("bf16", "nvfp4"), default="bf16")
+    p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
+    p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="triage-eval-output", help="results and resume state (default: %(default)s)")
+    p.add_argument("--no-one-shot", dest="one_shot", action="store_false",
+                   help="drop the worked example turn (SmolLM2-135M needs it to write \\boxed{})")
+    p.add_argument("--batch-size", type=int, default=16, help="transformers backend batch size")
+    p.add_argument("--max-model-len", type=int, default=None, help="vLLM context (default: longest prompt + max new tokens)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``triage-eval`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from .runner import evaluate
+
+    try:
+        results = evaluate(
+            args.model, args.benchmarks, data_dir=args.data_dir, precision=args.precision, backend=args.backend,
+            n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, limit=args.limit,
+            seed=args.seed, output_dir=args.output_dir, one_shot=args.one_shot, batch_size=args.batch_size,
+            max_model_len=args.max_model_len, progress=args.progress,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"triage-eval: error: {e}", file=sys.stderr)
+        return 2
+    print(results.to_markdown())
+    print(f"results: {args.output_dir}/results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
