@@ -180,3 +180,48 @@ def triage_samplers(tmp_path_factory):
             else:
                 os.environ[k] = v
 # --- end sampler fixtures ---
+
+
+# --- eval fixtures ---
+@pytest.fixture(scope="session")
+def eval_vllm_nvfp4(tmp_path_factory):
+    """``triage_trl.eval.backends.VLLMBackend`` serving an NVFP4 export of a tiny Qwen3 (in-process vLLM CPU).
+
+    Yields a namespace: ``backend`` (exported with the evaluator's own path: calibration, compressed-tensors
+    checkpoint, fast CPU kernel), ``model_dir`` (the bf16 source folder). 1 GiB KV cache, max_model_len 1024;
+    restores torch's thread count and the environment afterwards.
+    """
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    threads = torch.get_num_threads()
+    try:
+        from transformers import AutoTokenizer
+
+        from triage_trl.eval.backends import VLLMBackend
+        from triage_trl.testing import save_tiny_qwen3
+
+        root = tmp_path_factory.mktemp("eval-vllm")
+        model_dir = save_tiny_qwen3(root / "model")
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        backend = VLLMBackend(
+            str(model_dir), precision="nvfp4", tokenizer=tok, max_model_len=1024, seed=0,
+            calibration_prompts=["What is 3 + 4? Put your final answer within \\boxed{}.", "Compute 12 - 5."],
+            checkpoint_dir=root / "nvfp4",
+        )
+        torch.set_num_threads(threads)
+        yield SimpleNamespace(backend=backend, model_dir=str(model_dir))
+        del backend
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+# --- end eval fixtures ---
