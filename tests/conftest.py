@@ -225,3 +225,13 @@ def eval_vllm_nvfp4(tmp_path_factory):
             else:
                 os.environ[k] = v
 # --- end eval fixtures ---
+
+
+# --- demo / embedded model fixtures ---
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The embedded default SmolLM2-135M-Instruct as a plain folder (converted once into the model cache)."""
+    from triage_trl.models import resolve_model_path
+
+    return resolve_model_path()
+# --- end demo / embedded model fixtures ---

@@ -1,0 +1,52 @@
+"""The demo (``make demo``): a 2-step run on the real SmolLM2-135M-Instruct, NVFP4 sampler and learner (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from triage_trl.demo import DEMO_DEFAULTS, QUICK, format_table, main
+
+
+def test_unknown_setting_is_refused():
+    from triage_trl.demo import run_demo
+
+    with pytest.raises(ValueError, match="max_steps"):
+        run_demo("unused", nope=1)
+
+
+def test_table_lists_before_after_steps_time():
+    summary = {"accuracy_before": 0.25, "accuracy_after": 0.5, "correct_before": 2, "correct_after": 4,
+               "held_out": 8, "steps": 2, "train_seconds": 60.0, "total_seconds": 120.0, "reward_first": 0.1,
+               "reward_last": 0.2, "frac_reward_zero_std": 0.5, "sync_probe_gap_max": 0.9,
+               "mismatch_first": {"step": 0, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0},
+               "mismatch_last": {"step": 1, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0}}
+    table = format_table(summary)
+    for text in ("25.0% (2/8)", "50.0% (4/8)", "1.0 min", "2.0 min", "triage/k3_kl step 0 -> 1"):
+        assert text in table
+    assert set(QUICK) <= set(DEMO_DEFAULTS)
+
+
+@pytest.mark.slow
+def test_quick_demo_run(smollm2_dir, tmp_path, capsys):
+    out = str(tmp_path / "demo")
+    summary = main(["--output-dir", out, "--quick"])
+    assert summary["steps"] == QUICK["max_steps"] == 2
+    assert summary["held_out"] == QUICK["eval_size"]
+    for key in ("accuracy_before", "accuracy_after"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert 0 <= summary["sync_probe_gap_max"] < 2.0 and math.isfinite(summary["mismatch_last"]["k3_kl"])
+    for name in ("model.safetensors", "README.md", "trainer_state.json", "demo_summary.json"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    with open(os.path.join(out, "README.md")) as f:
+        assert "## TRIAGE" in f.read()
+    with open(os.path.join(out, "trainer_state.json")) as f:
+        logs = [h for h in json.load(f)["log_history"] if "triage/k3_kl" in h]
+    assert [h["step"] for h in logs] == [1, 2]
+    assert {"reward.png", "k3_kl.png", "quadrant_fractions.png", "weight_range.png"} <= set(summary["plots"])
+    assert all(os.path.getsize(os.path.join(out, "plots", p)) > 1000 for p in summary["plots"])
+    printed = capsys.readouterr().out
+    assert "held-out accuracy before (greedy)" in printed and "optimizer steps" in printed
