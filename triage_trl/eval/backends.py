@@ -9,7 +9,8 @@ Both take tokenised prompts and return decoded completions, ``n`` per prompt:
   ``triage_trl.nvfp4.export.save_nvfp4_checkpoint`` and cast like the sampler's
   (``TriageVLLMGeneration._cast_saved_checkpoint``); on the vLLM CPU platform the layers run
   ``triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`` (registered in-process, so
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required and set when unset).
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required). The engine core runs in-process by default
+  (the variable is set to 0 when unset), as the sampler's does.
 * :class:`TransformersBackend` - ``model.generate`` in bf16; ``precision="nvfp4"`` converts the
   decoder linears with ``triage_trl.nvfp4.learner.convert_to_nvfp4_learner`` (the learner's W4A4
   path: native on sm100 GPUs, exact emulation elsewhere).
@@ -91,16 +92,17 @@ class VLLMBackend:
         self._tmp = None
         on_cpu = current_platform.is_cpu()
         served = model_path
+        # In-process engine core, as the TRIAGE sampler runs (and needed for the CPU NVFP4 kernel and the kernel
+        # report); an explicit VLLM_ENABLE_V1_MULTIPROCESSING=1 is respected for bf16.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if precision == "nvfp4":
             if not calibration_prompts:
                 raise ValueError("precision='nvfp4' needs calibration_prompts for the activation global scales.")
-            if on_cpu:
-                if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-                    raise ValueError(
-                        "NVFP4 on the vLLM CPU platform registers its kernel in this process: set "
-                        "VLLM_ENABLE_V1_MULTIPROCESSING=0 (or leave it unset)."
-                    )
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            if on_cpu and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+                raise ValueError(
+                    "NVFP4 on the vLLM CPU platform registers its kernel in this process: set "
+                    "VLLM_ENABLE_V1_MULTIPROCESSING=0 (or leave it unset)."
+                )
             served = str(self._export_nvfp4(model_path, tokenizer, calibration_prompts, checkpoint_dir))
             if on_cpu:
                 from ..sampler.cpu_kernel import register_fast_cpu_nvfp4_kernel
@@ -131,7 +133,11 @@ class VLLMBackend:
 
         # The sampler's kernel inspection (which linear kernels run, in which precision; raises if an NVFP4
         # checkpoint was not read as NVFP4). It only reads `llm`, `sampler_precision` and `checkpoint_dir`.
-        self.kernel_report = TriageVLLMGeneration._inspect_kernels(self)
+        if hasattr(self.llm.llm_engine, "model_executor"):
+            self.kernel_report = TriageVLLMGeneration._inspect_kernels(self)
+        else:
+            self.kernel_report = {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a "
+                                  "subprocess: VLLM_ENABLE_V1_MULTIPROCESSING=1)"}
 
     def _model_runner(self):
         return self.llm.llm_engine.model_executor.driver_worker.model_runner
