@@ -7,7 +7,7 @@ Both take tokenised prompts and return decoded completions, ``n`` per prompt:
   global scales from ``triage_trl.nvfp4.export.calibrate_input_global_scales`` on calibration
   prompts (the evaluator passes the first benchmark prompts), written by
   ``triage_trl.nvfp4.export.save_nvfp4_checkpoint`` and cast like the sampler's
-  (``TriageVLLMGeneration._cast_saved_checkpoint``); on the vLLM CPU platform the layers run
+  (``triage_trl.sampler.vllm_utils.finish_sampler_checkpoint``); on the vLLM CPU platform the layers run
   ``triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`` (registered in-process, so
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required). The engine core runs in-process by default
   (the variable is set to 0 when unset), as the sampler's does.
@@ -21,7 +21,6 @@ Greedy decoding is ``temperature=0``. Source: TRIAGE issue 6; the sampler start 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -29,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from ..sampler.vllm_utils import finish_sampler_checkpoint, inspect_kernels, start_llm
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,6 @@ class VLLMBackend:
         llm_kwargs: dict | None = None,
     ):
         _check(precision)
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         self.precision = precision
@@ -115,37 +115,16 @@ class VLLMBackend:
         if on_cpu:
             kwargs["enforce_eager"] = True
         kwargs.update(llm_kwargs or {})
-        threads = torch.get_num_threads()
-        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        try:
-            self.llm = LLM(**kwargs)
-        finally:
-            # As the sampler does (engine.py): vLLM's CPU worker pins this process to one core and replaces
-            # torch.set_num_threads with a no-op; put back torch's function, the affinity and the thread count.
-            torch.set_num_threads = torch._C.set_num_threads
-            if affinity is not None:
-                os.sched_setaffinity(0, affinity)
-            torch.set_num_threads(threads)
+        self.llm = start_llm(**kwargs)
         self.served_path = served
-        self.checkpoint_dir = served
-        self.sampler_precision = precision
-        from ..sampler.engine import TriageVLLMGeneration
-
-        # The sampler's kernel inspection (which linear kernels run, in which precision; raises if an NVFP4
-        # checkpoint was not read as NVFP4). It only reads `llm`, `sampler_precision` and `checkpoint_dir`.
         if hasattr(self.llm.llm_engine, "model_executor"):
-            self.kernel_report = TriageVLLMGeneration._inspect_kernels(self)
+            self.kernel_report = inspect_kernels(self.llm, precision, served)
         else:
             self.kernel_report = {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a "
                                   "subprocess: VLLM_ENABLE_V1_MULTIPROCESSING=1)"}
 
-    def _model_runner(self):
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner
-
     def _export_nvfp4(self, model_path, tokenizer, prompts, checkpoint_dir) -> Path:
         from ..nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
-        from ..sampler.engine import TriageVLLMGeneration
-
         if checkpoint_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="triage-eval-nvfp4-")
             checkpoint_dir = self._tmp.name
@@ -154,11 +133,7 @@ class VLLMBackend:
         with torch.no_grad():
             scales = calibrate_input_global_scales(model, tokenizer, list(prompts))
             save_nvfp4_checkpoint(model, tokenizer, out, scales)
-        TriageVLLMGeneration._cast_saved_checkpoint(out / "model.safetensors")
-        cfg_path = out / "config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"  # what the checkpoint holds (as the sampler writes it)
-        cfg_path.write_text(json.dumps(cfg, indent=2))
+        finish_sampler_checkpoint(out)
         del model
         return out
 

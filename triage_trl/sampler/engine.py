@@ -31,7 +31,6 @@ and ``v1/sample/sampler.py``; TRIAGE issue 4 (deliverable 3).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -43,12 +42,21 @@ import torch
 from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
+from .vllm_utils import (
+    SAMPLER_DTYPE,
+    finish_sampler_checkpoint,
+    inspect_kernels,
+    model_runner,
+    needs_cast,
+    start_llm,
+    to_sampler_dtype,
+)
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration", "check_comparable_sampling"]
 
 SAMPLER_PRECISIONS = ("bf16", "nvfp4")
-SAMPLER_DTYPE = torch.bfloat16
 
 # SamplingParams fields (settable through TRL's `generation_kwargs`) that change the distribution vLLM samples
 # from, and therefore its processed log-probs, away from TRL's `log_softmax(logits / T)`; with their neutral value.
@@ -66,7 +74,6 @@ _NEUTRAL_SAMPLING = {
     "structured_outputs": None,
 }
 _NEUTRAL_TOP_K = (0, -1, None)
-_QUANT_SCALE_SUFFIXES = (".weight_scale", ".weight_global_scale", ".input_global_scale", ".weight_packed")
 
 
 def check_comparable_sampling(
@@ -187,7 +194,6 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     def _init_vllm(self):
         """Export the policy, start ``vllm.LLM`` in this process on it, record the kernels that run."""
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         if self.mode != "colocate":
@@ -262,21 +268,11 @@ class TriageVLLMGeneration(VLLMGeneration):
             kwargs["enforce_eager"] = True
         kwargs.update(self.llm_kwargs)
 
-        threads = torch.get_num_threads()
-        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        try:
-            self.llm = LLM(**kwargs)
-        finally:
-            # vLLM's CPU worker binds this process to its cores and replaces torch.set_num_threads with a no-op
-            # that warns; put back torch's own function (torch._C's), the affinity and the thread count.
-            torch.set_num_threads = torch._C.set_num_threads
-            if affinity is not None:
-                os.sched_setaffinity(0, affinity)
-            torch.set_num_threads(threads)
+        self.llm = start_llm(**kwargs)
         if self.enable_sleep_mode:
             self.llm.sleep(level=2)
         self._llm_weights_sleeping = self.enable_sleep_mode
-        self.kernel_report = self._inspect_kernels()
+        self.kernel_report = inspect_kernels(self.llm, self.sampler_precision, self.checkpoint_dir)
         logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
         accelerator.wait_for_everyone()
 
@@ -291,10 +287,8 @@ class TriageVLLMGeneration(VLLMGeneration):
             with self._gathered():
                 if write:
                     save_nvfp4_checkpoint(model, _tokenizer_of(self.processing_class), out, self.input_global_scales)
-            if write:
-                self._cast_saved_checkpoint(out / "model.safetensors")
         else:
-            tensors = {name: _to_sampler_dtype(t).to("cpu").contiguous().clone() for name, t in self._iter_named_params()}
+            tensors = {name: to_sampler_dtype(t).to("cpu").contiguous().clone() for name, t in self._iter_named_params()}
             if write:
                 from safetensors.torch import save_file
 
@@ -304,11 +298,7 @@ class TriageVLLMGeneration(VLLMGeneration):
                 config.save_pretrained(out)
                 _tokenizer_of(self.processing_class).save_pretrained(out)
         if write:
-            # vLLM reads the dtype from config.json; keep the checkpoint honest about what it holds.
-            cfg_path = out / "config.json"
-            cfg = json.loads(cfg_path.read_text())
-            cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
-            cfg_path.write_text(json.dumps(cfg, indent=2))
+            finish_sampler_checkpoint(out)
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
@@ -316,15 +306,6 @@ class TriageVLLMGeneration(VLLMGeneration):
 
         prompts = [self._prompt_text(p) for p in self.calibration_prompts]
         return calibrate_input_global_scales(model, _tokenizer_of(self.processing_class), prompts)
-
-    @staticmethod
-    def _cast_saved_checkpoint(path: Path) -> None:
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(str(path))
-        if any(_needs_cast(n, t) for n, t in tensors.items()):
-            save_file({n: (_to_sampler_dtype(t) if _needs_cast(n, t) else t) for n, t in tensors.items()},
-                      str(path), metadata={"format": "pt"})
 
     def _prompt_text(self, prompt) -> str:
         if isinstance(prompt, str):
@@ -355,56 +336,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             yield
 
     def _model_runner(self):
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner
-
-    def _inspect_kernels(self) -> dict[str, str]:
-        from vllm.model_executor.layers.linear import LinearBase
-        from vllm.platforms import current_platform
-
-        model = self._model_runner().model
-        counts: dict[str, int] = {}
-        gemms: set[str] = set()
-        for module in model.modules():
-            if not isinstance(module, LinearBase):
-                continue
-            method = getattr(module, "quant_method", None)
-            scheme = getattr(module, "scheme", None)
-            kernel = getattr(scheme, "kernel", None) or getattr(method, "kernel", None)
-            label = type(kernel).__name__ if kernel is not None else type(method).__name__
-            if scheme is not None:
-                label = f"{type(scheme).__name__}/{label}"
-            counts[label] = counts.get(label, 0) + 1
-            cache = getattr(module, "nvfp4_dequantised", None)
-            if cache is not None:
-                gemms.add(cache.gemm_name)
-        kernels = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
-        nvfp4 = [k for k in counts if "Fp4" in k or "FP4" in k.upper()]
-        weight_only = any("A16" in k or "Marlin" in k for k in nvfp4)
-        if self.sampler_precision == "nvfp4":
-            activations = "bf16 (weight-only NVFP4 kernel)" if weight_only else "nvfp4 (static per-tensor scale)"
-            weights = "nvfp4 (E2M1, E4M3 block scales /16, fp32 tensor scale)"
-        else:
-            activations, weights = "bf16", "bf16"
-        device = current_platform.device_type
-        if device == "cuda" and torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            device = f"{torch.cuda.get_device_name()} (sm{major}{minor})"
-        report = {
-            "platform": device,
-            "sampler_precision": self.sampler_precision,
-            "dtype": str(SAMPLER_DTYPE).removeprefix("torch."),
-            "weights": weights,
-            "activations": activations,
-            "linear_kernels": kernels,
-        }
-        if gemms:
-            report["gemm"] = ", ".join(sorted(gemms))
-        if self.sampler_precision == "nvfp4" and not nvfp4:
-            raise RuntimeError(
-                f"sampler_precision='nvfp4' but vLLM loaded no NVFP4 linear layer ({kernels}); the checkpoint in "
-                f"{self.checkpoint_dir} was not read as compressed-tensors NVFP4."
-            )
-        return report
+        return model_runner(self.llm)
 
     # ------------------------------------------------------------------ sync
 
@@ -412,7 +344,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         """Checkpoint-format weights for vLLM: NVFP4-packed (re-quantised now) or bf16, all of them."""
         if self.sampler_precision == "bf16":
             for name, tensor in self._iter_named_params():
-                yield name, _to_sampler_dtype(tensor)
+                yield name, to_sampler_dtype(tensor)
             return
         from ..nvfp4.export import iter_nvfp4_checkpoint_weights
 
@@ -421,7 +353,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             self.input_global_scales = self._calibrate(model)
         with self._gathered():
             for name, tensor in iter_nvfp4_checkpoint_weights(model, self.input_global_scales):
-                yield name, (_to_sampler_dtype(tensor) if _needs_cast(name, tensor) else tensor)
+                yield name, (to_sampler_dtype(tensor) if needs_cast(name, tensor) else tensor)
 
     @torch.no_grad()
     def sync_weights(self):
@@ -493,19 +425,6 @@ class TriageVLLMGeneration(VLLMGeneration):
                 row.append(float(logps[0] / temp - torch.logsumexp(vocab, dim=0)))
             result.append(row)
         return result
-
-
-def _needs_cast(name: str, tensor: torch.Tensor) -> bool:
-    return (
-        tensor.is_floating_point()
-        and tensor.dtype not in (SAMPLER_DTYPE, torch.float8_e4m3fn)
-        and not name.endswith(_QUANT_SCALE_SUFFIXES)
-    )
-
-
-def _to_sampler_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.detach()
-    return tensor.to(SAMPLER_DTYPE) if tensor.is_floating_point() and tensor.dtype != SAMPLER_DTYPE else tensor
 
 
 def _tokenizer_of(processing_class):
