@@ -1,6 +1,24 @@
 """Shared pytest fixtures. Each owner keeps its fixtures in its own commented block."""
 
+import os
+
 import pytest
+
+
+@pytest.fixture(scope="session")
+def in_process_vllm():
+    """The environment every vLLM engine of the test session runs in: the engine core in this process
+    (needed for the one-call weight sync and the CPU NVFP4 kernel) and a 1 GiB KV cache. Engines are
+    started with ``triage_trl.sampler.vllm_utils.start_llm``, which gives torch its threads back."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 # --- trainer fixtures ---
@@ -13,21 +31,14 @@ def tiny_qwen3_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def vllm_trainers(tmp_path_factory, tiny_qwen3_dir):
+def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
     """Build-once cache of TriageGRPOTrainer runs with the real in-process vLLM CPU sampler.
 
     ``vllm_trainers(key, **config)`` builds a trainer (its own vLLM engine), runs ``trainer.train()`` once and
-    caches it under ``key`` for the session, so several tests share one engine and one run. Restores torch's
-    thread count and the environment afterwards.
+    caches it under ``key`` for the session, so several tests share one engine and one run.
     """
-    import os
-
     import torch
 
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
     cache = {}
 
     def get(key, peft_config=None, **config):
@@ -47,7 +58,6 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir):
                 model=tiny_qwen3_dir, reward_funcs=digit_share_reward, args=TriageGRPOConfig(**kwargs),
                 train_dataset=arith_dataset(8, seed=0), peft_config=peft_config,
             )
-            torch.set_num_threads(threads)
             trainer.train()
             cache[key] = trainer
         return cache[key]
@@ -56,75 +66,54 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir):
         yield get
     finally:
         cache.clear()
-        torch.set_num_threads(threads)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 # --- end trainer fixtures ---
 
 
 # --- nvfp4 fixtures ---
 @pytest.fixture(scope="session")
-def nvfp4_vllm_engine(tmp_path_factory):
+def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     """vLLM on CPU (in-process, eager, 1 GiB KV cache) serving an NVFP4 export of a tiny Qwen3.
 
     Yields a namespace: ``llm`` (``vllm.LLM``), ``hf_dir`` (the bf16 model it was exported from;
     its ``lm_head`` is scaled x20 so greedy log-probs are far from uniform), ``ckpt_dir`` and
     ``input_global_scales``. Registers vLLM's ``EmulationNvFp4LinearKernel`` for the CPU platform
-    and restores torch's thread count (vLLM cuts it to one) and the environment afterwards.
+    (vLLM's own kernel, unless a faster one registered earlier in the session comes first).
     """
-    import os
     from types import SimpleNamespace
 
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, register_linear_kernel
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.platforms import PlatformEnum
 
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from vllm import LLM
-        from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, register_linear_kernel
-        from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
-        from vllm.platforms import PlatformEnum
+    from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+    from triage_trl.sampler.vllm_utils import start_llm
+    from triage_trl.testing import save_tiny_qwen3
 
-        from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
-        from triage_trl.testing import save_tiny_qwen3
-
-        root = tmp_path_factory.mktemp("nvfp4-vllm")
-        src = save_tiny_qwen3(root / "src")
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-        tok = AutoTokenizer.from_pretrained(src)
-        with torch.no_grad():
-            model.lm_head.weight.mul_(20)
-        hf_dir = root / "hf"
-        model.save_pretrained(hf_dir)
-        tok.save_pretrained(hf_dir)
-        prompts = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
-        scales = calibrate_input_global_scales(model, tok, prompts)
-        ckpt_dir = save_nvfp4_checkpoint(model, tok, root / "nvfp4", scales)
-        if EmulationNvFp4LinearKernel not in _POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, []):
-            register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
-        llm = LLM(str(ckpt_dir), max_model_len=512, enforce_eager=True, dtype="bfloat16", seed=0)
-        torch.set_num_threads(threads)
-        yield SimpleNamespace(llm=llm, hf_dir=hf_dir, ckpt_dir=ckpt_dir, input_global_scales=scales)
-        del llm
-    finally:
-        torch.set_num_threads(threads)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    root = tmp_path_factory.mktemp("nvfp4-vllm")
+    src = save_tiny_qwen3(root / "src")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(src)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    hf_dir = root / "hf"
+    model.save_pretrained(hf_dir)
+    tok.save_pretrained(hf_dir)
+    prompts = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
+    scales = calibrate_input_global_scales(model, tok, prompts)
+    ckpt_dir = save_nvfp4_checkpoint(model, tok, root / "nvfp4", scales)
+    if EmulationNvFp4LinearKernel not in _POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, []):
+        register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+    llm = start_llm(model=str(ckpt_dir), max_model_len=512, enforce_eager=True, dtype="bfloat16", seed=0)
+    yield SimpleNamespace(llm=llm, hf_dir=hf_dir, ckpt_dir=ckpt_dir, input_global_scales=scales)
+    del llm
 # --- end nvfp4 fixtures ---
 
 
 # --- sampler fixtures ---
 @pytest.fixture(scope="session")
-def triage_samplers(tmp_path_factory):
+def triage_samplers(tmp_path_factory, in_process_vllm):
     """Build-once cache of ``TriageVLLMGeneration`` engines (in-process vLLM CPU, eager, 1 GiB KV cache).
 
     ``triage_samplers(precision)`` returns a namespace with ``gen`` (the sampler), ``model`` (its bf16 learner, a
@@ -133,15 +122,10 @@ def triage_samplers(tmp_path_factory):
     ``temperature`` (1.0 for bf16, 0.7 for nvfp4, so both probe-scoring paths run). One engine per precision per
     session; tests that change the learner's weights must restore them and sync again.
     """
-    import os
     from types import SimpleNamespace
 
     import torch
 
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
     cache = {}
 
     def get(precision):
@@ -173,57 +157,34 @@ def triage_samplers(tmp_path_factory):
         yield get
     finally:
         cache.clear()
-        torch.set_num_threads(threads)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 # --- end sampler fixtures ---
 
 
 # --- eval fixtures ---
 @pytest.fixture(scope="session")
-def eval_vllm_nvfp4(tmp_path_factory):
+def eval_vllm_nvfp4(tmp_path_factory, in_process_vllm):
     """``triage_trl.eval.backends.VLLMBackend`` serving an NVFP4 export of a tiny Qwen3 (in-process vLLM CPU).
 
     Yields a namespace: ``backend`` (exported with the evaluator's own path: calibration, compressed-tensors
-    checkpoint, fast CPU kernel), ``model_dir`` (the bf16 source folder). 1 GiB KV cache, max_model_len 1024;
-    restores torch's thread count and the environment afterwards.
+    checkpoint, fast CPU kernel), ``model_dir`` (the bf16 source folder). 1 GiB KV cache, max_model_len 1024.
     """
-    import os
     from types import SimpleNamespace
 
-    import torch
+    from transformers import AutoTokenizer
 
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
-    try:
-        from transformers import AutoTokenizer
+    from triage_trl.eval.backends import VLLMBackend
+    from triage_trl.testing import save_tiny_qwen3
 
-        from triage_trl.eval.backends import VLLMBackend
-        from triage_trl.testing import save_tiny_qwen3
-
-        root = tmp_path_factory.mktemp("eval-vllm")
-        model_dir = save_tiny_qwen3(root / "model")
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        backend = VLLMBackend(
-            str(model_dir), precision="nvfp4", tokenizer=tok, max_model_len=1024, seed=0,
-            calibration_prompts=["What is 3 + 4? Put your final answer within \\boxed{}.", "Compute 12 - 5."],
-            checkpoint_dir=root / "nvfp4",
-        )
-        torch.set_num_threads(threads)
-        yield SimpleNamespace(backend=backend, model_dir=str(model_dir))
-        del backend
-    finally:
-        torch.set_num_threads(threads)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    root = tmp_path_factory.mktemp("eval-vllm")
+    model_dir = save_tiny_qwen3(root / "model")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    backend = VLLMBackend(
+        str(model_dir), precision="nvfp4", tokenizer=tok, max_model_len=1024, seed=0,
+        calibration_prompts=["What is 3 + 4? Put your final answer within \\boxed{}.", "Compute 12 - 5."],
+        checkpoint_dir=root / "nvfp4",
+    )
+    yield SimpleNamespace(backend=backend, model_dir=str(model_dir))
+    del backend
 # --- end eval fixtures ---
 
 

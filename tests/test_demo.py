@@ -31,7 +31,7 @@ def test_table_lists_before_after_steps_time():
 
 
 @pytest.mark.slow
-def test_quick_demo_run(smollm2_dir, tmp_path, capsys):
+def test_quick_demo_run(smollm2_dir, tmp_path, capfd):
     out = str(tmp_path / "demo")
     summary = main(["--output-dir", out, "--quick"])
     assert summary["steps"] == QUICK["max_steps"] == 2
@@ -48,5 +48,5 @@ def test_quick_demo_run(smollm2_dir, tmp_path, capsys):
     assert [h["step"] for h in logs] == [1, 2]
     assert {"reward.png", "k3_kl.png", "quadrant_fractions.png", "weight_range.png"} <= set(summary["plots"])
     assert all(os.path.getsize(os.path.join(out, "plots", p)) > 1000 for p in summary["plots"])
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     assert "held-out accuracy before (greedy)" in printed and "optimizer steps" in printed
