@@ -22,12 +22,12 @@ AIME24, AMC23, Minerva math, OlympiadBench: QwenLM/Qwen2.5-Math evaluation data)
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..answers import extract_boxed, gsm8k_reference, olympiad_reference
+from ..data.jsonl import read_jsonl
 
 __all__ = ["BENCHMARKS", "HUB_SOURCES", "Problem", "load_benchmark"]
 
@@ -134,18 +134,6 @@ def _problem(name: str, row: dict, index: int, where: str) -> Problem:
     )
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{n} is not a JSON object.")
-                rows.append(row)
-    return rows
-
-
 def load_benchmark(name: str, data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[Problem]:
     """The problems of benchmark ``name``, in file order (``limit``: the first ``limit`` of them).
 
@@ -173,7 +161,7 @@ def load_benchmark(name: str, data_dir: str | os.PathLike | None = None, limit: 
                 f"{path} does not exist: --data-dir must hold <benchmark>/test.jsonl folders (like ../shared/data), "
                 "or leave it out to load from the Hub."
             )
-        rows, where = _read_jsonl(path), str(path)
+        rows, where = read_jsonl(str(path)), str(path)
     else:
         from datasets import load_dataset
 
