@@ -180,7 +180,7 @@ def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_pat
         ({"top_p": 0.9}, ValueError, "top_p=0.9"),
         ({"top_k": 20}, ValueError, "top_k=20"),
         ({"repetition_penalty": 1.1}, ValueError, "repetition_penalty"),
-        ({"generation_kwargs": {"min_p": 0.1}}, ValueError, "generation_kwargs"),
+        ({"generation_kwargs": {"min_p": 0.1}}, ValueError, "min_p=0.1"),
         ({"learner_precision": "fp8"}, ValueError, "learner_precision"),
         ({"sampler_precision": "nvfp4"}, ValueError, "use_vllm=True"),
         ({"sampler_precision": "nvfp4", "use_vllm": True, "vllm_mode": "server"}, ValueError, "colocate"),

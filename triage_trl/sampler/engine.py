@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
@@ -44,6 +42,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from .vllm_utils import (
     SAMPLER_DTYPE,
+    check_comparable_sampling,
     finish_sampler_checkpoint,
     inspect_kernels,
     model_runner,
@@ -58,79 +57,6 @@ __all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration", "check_comparable_sampl
 
 SAMPLER_PRECISIONS = ("bf16", "nvfp4")
 
-# SamplingParams fields (settable through TRL's `generation_kwargs`) that change the distribution vLLM samples
-# from, and therefore its processed log-probs, away from TRL's `log_softmax(logits / T)`; with their neutral value.
-_NEUTRAL_SAMPLING = {
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "min_tokens": 0,
-    "logit_bias": None,
-    "bad_words": None,
-    "allowed_token_ids": None,
-    "logits_processors": None,
-    "structured_outputs": None,
-}
-_NEUTRAL_TOP_K = (0, -1, None)
-
-
-def check_comparable_sampling(
-    *,
-    temperature: float,
-    top_p: float = 1.0,
-    top_k: int | None = 0,
-    min_p: float | None = 0.0,
-    repetition_penalty: float = 1.0,
-    generation_kwargs: dict | None = None,
-    structured_outputs_regex: str | None = None,
-) -> None:
-    """Refuse sampling settings under which the sampler's log-probs are not comparable with the learner's.
-
-    TRL's learner scores ``log_softmax(logits / temperature)``; vLLM (``processed_logprobs``) scores the
-    distribution it really samples from. They agree only for plain temperature sampling.
-
-    Raises:
-        ValueError: ``temperature <= 0``, or any of repetition/presence/frequency penalty, top-k, top-p, min-p,
-            min-tokens, logit bias, bad words, allowed token ids, logits processors or structured outputs set to a
-            non-neutral value (in the arguments or in ``generation_kwargs``). The message names the setting and the
-            neutral value to use.
-    """
-    settings: dict[str, Any] = {
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "min_p": min_p,
-        "repetition_penalty": repetition_penalty,
-    }
-    settings.update(generation_kwargs or {})
-    if structured_outputs_regex is not None:
-        settings["structured_outputs"] = structured_outputs_regex
-    temp = settings["temperature"]
-    if temp is None or not temp > 0 or not math.isfinite(temp):
-        raise ValueError(
-            f"temperature={temp!r}: the sampler needs a finite temperature > 0. With greedy decoding (0) vLLM returns "
-            "unscaled log-probs while the learner divides its logits by the temperature, so the TRIAGE mismatch "
-            "would be meaningless. Use temperature > 0 (e.g. 1.0)."
-        )
-    bad = []
-    if settings.get("top_k") not in _NEUTRAL_TOP_K:
-        bad.append(f"top_k={settings['top_k']!r} (use 0)")
-    for key, neutral in _NEUTRAL_SAMPLING.items():
-        value = settings.get(key, neutral)
-        if key == "min_p" and value is None:
-            continue
-        if value != neutral and not (neutral is None and not value):
-            bad.append(f"{key}={value!r} (use {neutral!r})")
-    if bad:
-        raise ValueError(
-            "These sampling settings make the sampler's log-probs incomparable with the learner's: "
-            + ", ".join(bad)
-            + ". vLLM reports log-probs after penalties, truncation and masks (logprobs_mode='processed_logprobs') "
-            "while TRL's learner scores log_softmax(logits / temperature) only, so TRIAGE would count the "
-            "difference as sampler/learner mismatch. Sample with temperature only."
-        )
 
 
 class TriageVLLMGeneration(VLLMGeneration):

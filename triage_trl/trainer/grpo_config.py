@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..sampler.vllm_utils import check_comparable_sampling
 from ..triage_config import TriageConfig
 
 PRECISIONS = ("bf16", "nvfp4")
@@ -20,18 +21,6 @@ PRECISIONS = ("bf16", "nvfp4")
 TRIAGE_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 # Sampling settings that change the distribution vLLM samples from (and so its processed log-probs) in ways the
 # learner's log-probs (log_softmax(logits / temperature)) do not reproduce.
-_INCOMPARABLE_GENERATION_KWARGS = (
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "allowed_token_ids",
-    "bad_words",
-    "temperature",
-)
 # Default bound of `triage/sync_probe_gap` (mean |learner - sampler| log-prob over the probe tokens, nats).
 SYNC_PROBE_DEFAULT_SAME_PRECISION = 0.1
 SYNC_PROBE_DEFAULT_MIXED_PRECISION = 0.5
@@ -196,24 +185,14 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
                 f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; got "
                 f"loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
             )
-        problems = []
-        if self.top_p != 1.0:
-            problems.append(f"top_p={self.top_p}")
-        if self.top_k not in (0, -1, None):
-            problems.append(f"top_k={self.top_k}")
-        if self.min_p not in (0, 0.0, None):
-            problems.append(f"min_p={self.min_p}")
-        if self.repetition_penalty != 1.0:
-            problems.append(f"repetition_penalty={self.repetition_penalty}")
-        for key in _INCOMPARABLE_GENERATION_KWARGS:
-            if key in (self.generation_kwargs or {}):
-                problems.append(f"generation_kwargs[{key!r}]")
-        if self.temperature <= 0:
-            problems.append(f"temperature={self.temperature}")
-        if problems:
-            raise ValueError(
-                f"TRIAGE compares the sampler's log-probs with the learner's log_softmax(logits / temperature), but "
-                f"{', '.join(problems)} changes the distribution vLLM samples from, which biases the gap. Use "
-                "temperature > 0 with top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0 and no sampling "
-                "overrides in generation_kwargs, or set triage_mode='off'."
-            )
+        # One rule for the config and the sampler: TRIAGE compares vLLM's processed log-probs with the
+        # learner's log_softmax(logits / temperature), so only plain temperature sampling is comparable.
+        check_comparable_sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            generation_kwargs=self.generation_kwargs,
+            structured_outputs_regex=self.vllm_structured_outputs_regex,
+        )
