@@ -77,11 +77,15 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
 
 
 def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,
-                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0):
-    """The demo's ``TriageGRPOConfig``: TRIAGE full, NVFP4 sampler and learner, CPU, colocated vLLM."""
+                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0, **overrides):
+    """The demo's ``TriageGRPOConfig``: TRIAGE full, NVFP4 sampler and learner, CPU, colocated vLLM.
+
+    ``overrides`` are any ``TriageGRPOConfig`` fields; they win over the demo's values (e.g. the stability lab's
+    ``learner_precision="bf16"``, ``triage_mode="diagnose"``).
+    """
     from .trainer import TriageGRPOConfig
 
-    return TriageGRPOConfig(
+    settings = dict(
         output_dir=output_dir,
         triage_mode="full",
         learner_precision="nvfp4",
@@ -115,6 +119,8 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         gradient_checkpointing=False,
         seed=seed,
     )
+    settings.update(overrides)
+    return TriageGRPOConfig(**settings)
 
 
 def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: bool = False, seed: int = 0,
