@@ -1,0 +1,220 @@
+"""The stability lab's configurations and scale presets (issue 7).
+
+A configuration is a name, a one-line description and overrides of ``TriageGRPOConfig`` applied on top of the
+demo's config (:func:`triage_trl.demo.build_config`: CPU, colocated vLLM, DAPO loss, beta 0, constant learning
+rate). Every configuration logs the ``triage/`` metrics (``triage_mode`` is ``"diagnose"`` or ``"full"``), so the
+learner-sampler mismatch (``triage/k3_kl``, nats/token) is measured the same way in all of them; ``diagnose``
+keeps every TRIAGE weight at 1 (plain GRPO loss, or TRL's correction when it is requested).
+
+A scale preset fixes the model, the task and the run size (steps, prompts, completions, held-out slice). Every
+value can be overridden from the command line (:func:`add_setting_arguments`, :func:`resolve_settings`). This
+module imports neither torch nor TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+from dataclasses import dataclass, field
+
+NVFP4 = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
+TRIAGE_FULL = {**NVFP4, "triage_mode": "full"}
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """One configuration of the lab: ``overrides`` are ``TriageGRPOConfig`` fields (they win over the demo's)."""
+
+    name: str
+    description: str
+    overrides: dict = field(default_factory=dict)
+
+
+_REGISTRY = [
+    LabConfig("bf16", "(a) bf16 sampler + full-precision learner (float32 on CPU, as the demo), plain GRPO loss "
+              "(diagnose: TRIAGE only measures)",
+              {"learner_precision": "bf16", "sampler_precision": "bf16", "triage_mode": "diagnose",
+               "vllm_importance_sampling_correction": False}),
+    LabConfig("nvfp4_naive", "(b) NVFP4 sampler + NVFP4 learner, no correction: plain GRPO loss (diagnose: TRIAGE "
+              "only measures; the run for the paper's observations)",
+              {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}),
+    LabConfig("nvfp4_tis", "(c) NVFP4 + TRL token-level truncated importance sampling: ratio "
+              "exp(learner - sampler log-prob) per token, clipped at 2.0 (token_truncate, clip_max=2)",
+              {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": True,
+               "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0}),
+    LabConfig("nvfp4_seq_mask", "(d) NVFP4 + TRL 1.16's default correction: sequence_mask, the sequence ratio "
+              "exp(sum of per-token log-ratios) zeroes a completion above clip_max=3.0 (clip_min unset: no lower "
+              "bound)",
+              {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": True}),
+    LabConfig("triage", "(e) NVFP4 + TRIAGE full: classify, diagnose hot segments, rebalance, bounded repair "
+              "(spec defaults)", dict(TRIAGE_FULL)),
+    LabConfig("triage_no_rebalance", "(e) without rebalancing: triage_rebalance_floor=1.0 makes beta = 1 (no "
+              "dedicated switch); repair unchanged", {**TRIAGE_FULL, "triage_rebalance_floor": 1.0}),
+    LabConfig("triage_no_repair", "(e) without repair: triage_repair_mode='none'; rebalancing unchanged",
+              {**TRIAGE_FULL, "triage_repair_mode": "none"}),
+    LabConfig("triage_repair_mask", "(e) repair by masking: triage_repair_mode='mask' (severe tokens get weight 0, "
+              "MIS-style) instead of the bounded excess-IS weight", {**TRIAGE_FULL, "triage_repair_mode": "mask"}),
+    LabConfig("triage_scope_tail", "(e) rebalancing on tail tokens only: triage_rebalance_scope='tail' (not every "
+              "token of the heavier amplifying quadrant in a hot segment)",
+              {**TRIAGE_FULL, "triage_rebalance_scope": "tail"}),
+    LabConfig("triage_fixed_segments", "(e) fixed 16-token windows instead of newline segments: "
+              "triage_segment_mode='fixed', triage_segment_max_tokens=16 (the default 64 would make a whole "
+              "32-token CPU completion one segment)",
+              {**TRIAGE_FULL, "triage_segment_mode": "fixed", "triage_segment_max_tokens": 16}),
+]
+CONFIGS: dict[str, LabConfig] = {c.name: c for c in _REGISTRY}
+"""The configurations, in table order."""
+
+# Per-run settings (the worker's knobs); `seeds` and `configs` are the lab's.
+SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
+                "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
+
+SCALES: dict[str, dict] = {
+    # SmolLM2-135M-Instruct on the embedded reasoning-gym task; placeholder sizes, to be tuned so the whole lab
+    # (every configuration x 3 seeds) fits the 2-hour CPU budget.
+    "cpu": dict(
+        model=None, task="reasoning_gym", data_path=None, max_steps=8, prompts_per_step=2, num_generations=8,
+        max_completion_length=32, temperature=0.7, learning_rate=1e-5, train_size=256, eval_size=32, eval_every=4,
+        seeds=[0, 1, 2], configs=list(CONFIGS), trainer_overrides={},
+        # Dry-run estimate of one run (seconds): start-up (model, NVFP4 conversion, vLLM engine), one optimizer
+        # step, one held-out evaluation. Measured on the 2-core CPU, see benchmarks/stability_lab.py.
+        estimate=dict(startup_s=60.0, step_s=45.0, eval_s=20.0),
+    ),
+    # CI/tests: a tiny random Qwen3 (triage_trl.testing.save_tiny_qwen3, built once in the lab folder), 1 step.
+    "smoke": dict(
+        model="tiny", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
+        max_completion_length=8, temperature=0.7, learning_rate=1e-4, train_size=8, eval_size=4, eval_every=1,
+        seeds=[0], configs=list(CONFIGS), trainer_overrides={},
+        estimate=dict(startup_s=25.0, step_s=3.0, eval_s=1.0),
+    ),
+    # Documented for GPU runs, not run on this machine: Qwen3-4B on GSM8K with the knobs of recipes/qwen3_4b_*.yaml
+    # (32 completions per step = 4 prompts x 8 as 8 per device x 4 accumulation steps, 1024 completion tokens,
+    # temperature 1, learning rate 1e-6 after 10 warm-up steps, 500 steps).
+    "gpu": dict(
+        model="Qwen/Qwen3-4B", task="gsm8k", data_path=None, max_steps=500, prompts_per_step=4, num_generations=8,
+        max_completion_length=1024, temperature=1.0, learning_rate=1e-6, train_size=None, eval_size=500,
+        eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS),
+        trainer_overrides={
+            "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"},
+            "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
+            "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 10, "gradient_checkpointing": True,
+            "vllm_max_model_length": 2048, "vllm_gpu_memory_utilization": 0.35, "nvfp4_calibration_prompts": 64,
+        },
+        estimate=dict(startup_s=300.0, step_s=60.0, eval_s=120.0),
+    ),
+}
+
+
+def config_names() -> list[str]:
+    """The configuration names, in table order."""
+    return list(CONFIGS)
+
+
+def lab_config(name: str) -> LabConfig:
+    """The configuration ``name``.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+    """
+    if name not in CONFIGS:
+        raise KeyError(f"Unknown lab configuration {name!r}: use one of {', '.join(CONFIGS)}.")
+    return CONFIGS[name]
+
+
+def scale_preset(scale: str) -> dict:
+    """A deep copy of the preset ``scale``.
+
+    Raises:
+        KeyError: unknown scale.
+    """
+    if scale not in SCALES:
+        raise KeyError(f"Unknown scale {scale!r}: use one of {', '.join(SCALES)}.")
+    return copy.deepcopy(SCALES[scale])
+
+
+def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, trainer_overrides: dict | None = None):
+    """The ``TriageGRPOConfig`` of configuration ``name`` for one run.
+
+    Args:
+        settings: the run settings (:data:`SETTING_KEYS`; e.g. a preset from :func:`resolve_settings`).
+        output_dir: the run folder.
+        trainer_overrides: the scale's extra ``TriageGRPOConfig`` fields (e.g. the GPU preset's); the
+            configuration's own overrides win over them.
+
+    Raises:
+        KeyError: unknown configuration; ValueError: a combination ``TriageGRPOConfig`` refuses.
+    """
+    from ..demo import build_config
+
+    overrides = {**(trainer_overrides or {}), **lab_config(name).overrides}
+    return build_config(
+        output_dir, seed=seed,
+        **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
+                                    "temperature", "learning_rate")},
+        **overrides,
+    )
+
+
+# ---------------------------------------------------------------- command line
+
+_FLAGS = [  # (flag, settings key, type, help)
+    ("--model", "model", str, "local model folder or Hub id ('tiny': a tiny random Qwen3; default: the scale's)"),
+    ("--task", "task", str, "reasoning_gym (embedded, no network) or gsm8k"),
+    ("--data-path", "data_path", str, "gsm8k: a jsonl file/folder or Hub id"),
+    ("--steps", "max_steps", int, "optimizer steps per run"),
+    ("--prompts-per-step", "prompts_per_step", int, "prompts per optimizer step"),
+    ("--num-generations", "num_generations", int, "completions per prompt (the GRPO group)"),
+    ("--max-completion-length", "max_completion_length", int, "completion tokens"),
+    ("--temperature", "temperature", float, "sampling temperature"),
+    ("--learning-rate", "learning_rate", float, "constant learning rate"),
+    ("--train-size", "train_size", int, "training items"),
+    ("--eval-size", "eval_size", int, "held-out items, answered greedily"),
+    ("--eval-every", "eval_every", int, "held-out evaluation every N optimizer steps (and at step 0 and the end)"),
+]
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--scale`` and one flag per run setting (default: the scale's value)."""
+    parser.add_argument("--scale", default="cpu", choices=list(SCALES),
+                        help="preset: cpu (default, SmolLM2-135M), smoke (tiny model, CI), gpu (Qwen3-4B, GSM8K)")
+    for flag, _, kind, text in _FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=f"{text} (default: the scale's)")
+
+
+def resolve_settings(args: argparse.Namespace) -> dict:
+    """The scale preset of ``args.scale`` with every flag given on the command line applied.
+
+    Raises:
+        ValueError: a size < 1, or ``eval_every`` < 1.
+    """
+    settings = scale_preset(args.scale)
+    settings["scale"] = args.scale
+    for flag, key, _, _ in _FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            settings[key] = value
+    for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "eval_size", "eval_every"):
+        if not isinstance(settings[key], int) or settings[key] < 1:
+            raise ValueError(f"{key}={settings[key]!r} must be an integer >= 1.")
+    return settings
+
+
+def settings_to_argv(settings: dict) -> list[str]:
+    """Command-line flags reproducing ``settings`` (for the worker subprocess)."""
+    argv = ["--scale", settings["scale"]]
+    for flag, key, _, _ in _FLAGS:
+        if settings.get(key) is not None:
+            argv += [flag, str(settings[key])]
+    return argv
+
+
+# ---------------------------------------------------------------- lab folder layout
+
+PLAN_FILE = "lab.json"
+"""The lab's plan (settings, configurations, seeds), written by ``benchmarks/stability_lab.py``."""
+
+
+def run_path(lab_dir: str, config: str, seed: int) -> str:
+    """The folder of one run: ``LAB_DIR/runs/<config>/seed<seed>``."""
+    return os.path.join(lab_dir, "runs", config, f"seed{seed}")

@@ -1,0 +1,142 @@
+"""The stability lab's per-run numbers and their stated rules (pure Python: no torch, no numpy).
+
+Each rule is a constant below; :func:`rules_text` prints them under the results table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+SPIKE_FACTOR = 3.0
+"""A grad-norm spike: ``grad_norm`` above ``SPIKE_FACTOR`` x the median of the run's previous steps' grad norms..."""
+SPIKE_MIN_HISTORY = 3
+"""...counted only from the step that has at least this many previous steps (a non-finite grad norm is a spike)."""
+COLLAPSE_RATIO = 0.5
+"""A run collapsed when it failed, or logged a non-finite reward / loss / grad norm, or its final held-out accuracy
+is <= ``COLLAPSE_RATIO`` x its step-0 accuracy (this last test only when the step-0 accuracy is > 0)."""
+FINITE_KEYS = ("reward", "loss", "grad_norm")
+"""Log keys whose non-finite values mark a run as non-finite."""
+
+
+def rules_text() -> list[str]:
+    """The rules as markdown bullet lines."""
+    return [
+        f"- **grad-norm spike**: a step whose `grad_norm` is > {SPIKE_FACTOR:g} x the median `grad_norm` of the run's "
+        f"previous steps, counted from the step with at least {SPIKE_MIN_HISTORY} previous steps; a non-finite "
+        "grad norm is a spike.",
+        f"- **collapse**: the run failed (raised), or logged a non-finite {' / '.join(FINITE_KEYS)}, or its final "
+        f"held-out accuracy is <= {COLLAPSE_RATIO:g} x its step-0 accuracy (only when step-0 accuracy > 0).",
+        "- **reward AUC**: normalised area under the training-reward curve = the mean over the logged optimizer "
+        "steps of the step's mean reward (weighted sum: 1.0 x accuracy + 0.1 x format, so in [0, 1.1]).",
+        "- **held-out accuracy**: greedy, the run's own sampler synced to the learner; *final* at the last step, "
+        "*best* over every evaluation including step 0; a failed run keeps its last evaluation.",
+        "- **k3 KL**: `triage/k3_kl` = mean over tokens of e^gap - 1 - gap, gap = learner - sampler log-prob "
+        "(nats/token), per optimizer step; *max* over steps and *final* (last step).",
+        "- mean ± std over seeds: sample standard deviation (n - 1); with one seed only the mean is shown.",
+    ]
+
+
+def training_records(history: list[dict]) -> list[dict]:
+    """The per-step training records of a log history (those with a ``reward``), in step order."""
+    return sorted((h for h in history if "reward" in h and "step" in h), key=lambda h: h["step"])
+
+
+def step_series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over the training records (non-finite values kept)."""
+    records = [h for h in training_records(history) if isinstance(h.get(key), (int, float))]
+    return [int(h["step"]) for h in records], [float(h[key]) for h in records]
+
+
+def count_spikes(grad_norms: list[float], factor: float = SPIKE_FACTOR, min_history: int = SPIKE_MIN_HISTORY) -> int:
+    """Grad-norm spikes of one run (rule: :data:`SPIKE_FACTOR`, :data:`SPIKE_MIN_HISTORY`).
+
+    Args:
+        grad_norms: one grad norm per optimizer step, in order.
+    """
+    spikes = 0
+    for i, value in enumerate(grad_norms):
+        if not math.isfinite(value):
+            spikes += 1
+            continue
+        previous = [g for g in grad_norms[:i] if math.isfinite(g)]
+        if i >= min_history and previous and value > factor * statistics.median(previous):
+            spikes += 1
+    return spikes
+
+
+def reward_auc(rewards: list[float]) -> float:
+    """Normalised area under the reward curve: the mean of the per-step mean rewards (NaN when none)."""
+    return sum(rewards) / len(rewards) if rewards else math.nan
+
+
+def is_non_finite(history: list[dict]) -> bool:
+    """Whether any training record has a non-finite :data:`FINITE_KEYS` value."""
+    return any(isinstance(h.get(k), (int, float)) and not math.isfinite(h[k])
+               for h in training_records(history) for k in FINITE_KEYS)
+
+
+def collapsed(status: str, history: list[dict], held_out: list[dict], ratio: float = COLLAPSE_RATIO) -> bool:
+    """The collapse rule (:data:`COLLAPSE_RATIO`) for one run.
+
+    Args:
+        status: the run's ``status`` (``"ok"`` or ``"failed: ..."``).
+        held_out: evaluation records ``{"step", "accuracy"}`` in order (step 0 first).
+    """
+    if status != "ok" or is_non_finite(history):
+        return True
+    if not held_out:
+        return False
+    first, last = held_out[0]["accuracy"], held_out[-1]["accuracy"]
+    return first > 0 and last <= ratio * first
+
+
+def run_metrics(summary: dict, history: list[dict]) -> dict:
+    """The table's numbers for one run, from its ``run_summary.json`` and log history.
+
+    Returns:
+        ``final_acc``, ``best_acc``, ``step0_acc`` (NaN when there is no evaluation), ``reward_auc``, ``k3_max``,
+        ``k3_final`` (NaN when not logged), ``spikes``, ``collapsed``, ``failed``, ``non_finite``, ``wall_min``,
+        ``steps``.
+    """
+    held_out = summary.get("held_out") or []
+    accuracies = [r["accuracy"] for r in held_out]
+    _, rewards = step_series(history, "reward")
+    _, k3 = step_series(history, "triage/k3_kl")
+    k3_finite = [v for v in k3 if math.isfinite(v)]
+    _, grad_norms = step_series(history, "grad_norm")
+    status = summary.get("status", "missing")
+    return {
+        "step0_acc": accuracies[0] if accuracies else math.nan,
+        "final_acc": accuracies[-1] if accuracies else math.nan,
+        "best_acc": max(accuracies) if accuracies else math.nan,
+        "reward_auc": reward_auc(rewards),
+        "k3_max": max(k3_finite) if k3_finite else math.nan,
+        "k3_final": k3[-1] if k3 else math.nan,
+        "spikes": count_spikes(grad_norms),
+        "collapsed": collapsed(status, history, held_out),
+        "failed": status != "ok",
+        "non_finite": is_non_finite(history),
+        "wall_min": summary.get("wall_seconds", math.nan) / 60.0,
+        "steps": len(rewards),
+    }
+
+
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    """``(mean, sample std, n)`` over the finite values; std is NaN for n < 2, both NaN for n = 0."""
+    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, 0
+    mean = sum(finite) / len(finite)
+    std = statistics.stdev(finite) if len(finite) > 1 else math.nan
+    return mean, std, len(finite)
+
+
+def format_mean_std(values: list[float], fmt: str = ".3f") -> str:
+    """``"m ± s"`` (``"m"`` for one value, ``"n/a"`` for none), in format ``fmt``."""
+    mean, std, n = mean_std(values)
+    if n == 0:
+        return "n/a"
+    if n == 1:
+        return format(mean, fmt)
+    return f"{format(mean, fmt)} ± {format(std, fmt)}"
