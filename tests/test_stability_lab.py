@@ -1,0 +1,267 @@
+"""The stability lab (issue 7): the configuration registry, the summary rules on synthetic logs, the summary of a
+synthetic lab folder, a worker failure being recorded, and one smoke lab run end to end (slow: real vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from triage_trl.lab.configs import (CONFIGS, SCALES, add_setting_arguments, build_trainer_config, resolve_settings,
+                                    run_path, scale_preset, settings_to_argv)
+from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, reward_auc, run_metrics)
+from triage_trl.lab.summarize import observations, summarize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAB_SCRIPT = os.path.join(ROOT, "benchmarks", "stability_lab.py")
+
+
+def _lab_module():
+    spec = importlib.util.spec_from_file_location("stability_lab", LAB_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- registry and settings
+
+def test_registry_order_and_names():
+    assert list(CONFIGS)[:5] == ["bf16", "nvfp4_naive", "nvfp4_tis", "nvfp4_seq_mask", "triage"]
+    assert list(CONFIGS)[5:] == ["triage_no_rebalance", "triage_no_repair", "triage_repair_mask", "triage_scope_tail",
+                                 "triage_fixed_segments"]
+    assert all(c.description for c in CONFIGS.values())
+
+
+@pytest.mark.parametrize("scale", ["cpu", "smoke"])
+def test_every_configuration_builds_a_valid_config(scale, tmp_path):
+    from triage_trl.trainer import TriageGRPOConfig
+
+    settings = scale_preset(scale)
+    built = {name: build_trainer_config(name, settings, str(tmp_path / name), seed=1,
+                                        trainer_overrides=settings["trainer_overrides"]) for name in CONFIGS}
+    for name, config in built.items():
+        assert isinstance(config, TriageGRPOConfig), name
+        assert config.triage_mode in ("diagnose", "full") and config.seed == 1
+        assert config.max_steps == settings["max_steps"] and config.learning_rate == settings["learning_rate"]
+        assert config.per_device_train_batch_size == settings["prompts_per_step"] * settings["num_generations"]
+        expected = "bf16" if name == "bf16" else "nvfp4"
+        assert config.learner_precision == config.sampler_precision == expected
+    assert not built["bf16"].vllm_importance_sampling_correction
+    assert not built["nvfp4_naive"].vllm_importance_sampling_correction
+    tis = built["nvfp4_tis"]
+    assert (tis.vllm_importance_sampling_correction, tis.vllm_importance_sampling_mode,
+            tis.vllm_importance_sampling_clip_max, tis.vllm_importance_sampling_clip_min) \
+        == (True, "token_truncate", 2.0, None)
+    seq = built["nvfp4_seq_mask"]  # TRL 1.16's defaults, as the description states
+    assert (seq.vllm_importance_sampling_correction, seq.vllm_importance_sampling_mode,
+            seq.vllm_importance_sampling_clip_max, seq.vllm_importance_sampling_clip_min) \
+        == (True, "sequence_mask", 3.0, None)
+    assert "sequence_mask" in CONFIGS["nvfp4_seq_mask"].description and "3.0" in CONFIGS["nvfp4_seq_mask"].description
+    full = [n for n in CONFIGS if n.startswith("triage")]
+    assert all(built[n].triage_mode == "full" and not built[n].vllm_importance_sampling_correction for n in full)
+    assert built["triage_no_rebalance"].triage_rebalance_floor == 1.0
+    assert built["triage_no_repair"].triage_repair_mode == "none"
+    assert built["triage_repair_mask"].triage_repair_mode == "mask"
+    assert built["triage_scope_tail"].triage_rebalance_scope == "tail"
+    fixed = built["triage_fixed_segments"]
+    assert (fixed.triage_segment_mode, fixed.triage_segment_max_tokens) == ("fixed", 16)
+    base = built["triage"]
+    assert (base.triage_rebalance_floor, base.triage_repair_mode, base.triage_rebalance_scope,
+            base.triage_segment_mode) == (0.25, "excess_is", "segment", "newline")
+
+
+def test_gpu_preset_documents_the_qwen3_4b_recipe():
+    gpu = SCALES["gpu"]
+    assert (gpu["model"], gpu["task"], gpu["num_generations"], gpu["max_completion_length"], gpu["learning_rate"]) \
+        == ("Qwen/Qwen3-4B", "gsm8k", 8, 1024, 1e-6)
+    overrides = gpu["trainer_overrides"]
+    assert overrides["per_device_train_batch_size"] * overrides["gradient_accumulation_steps"] \
+        == gpu["prompts_per_step"] * gpu["num_generations"]
+
+
+def test_command_line_overrides_win_and_round_trip():
+    parser = argparse.ArgumentParser()
+    add_setting_arguments(parser)
+    settings = resolve_settings(parser.parse_args(["--steps", "3", "--learning-rate", "1e-4", "--eval-every", "2",
+                                                   "--model", "/some/model"]))
+    assert (settings["max_steps"], settings["learning_rate"], settings["eval_every"], settings["model"]) \
+        == (3, 1e-4, 2, "/some/model")
+    assert settings["num_generations"] == SCALES["cpu"]["num_generations"]
+    again = resolve_settings(parser.parse_args(settings_to_argv(settings)))
+    assert {k: again[k] for k in settings} == settings
+    with pytest.raises(ValueError, match="eval_every"):
+        resolve_settings(parser.parse_args(["--eval-every", "0"]))
+
+
+def test_run_time_estimate():
+    lab = _lab_module()
+    assert lab.evaluations_per_run({"max_steps": 8, "eval_every": 4}) == 3  # steps 0, 4, 8
+    assert lab.evaluations_per_run({"max_steps": 10, "eval_every": 4}) == 4  # steps 0, 4, 8, 10
+    settings = {"max_steps": 8, "eval_every": 4, "estimate": {"startup_s": 60.0, "step_s": 45.0, "eval_s": 20.0}}
+    assert lab.estimate_run_seconds(settings) == 60.0 + 8 * 45.0 + 3 * 20.0
+
+
+# ---------------------------------------------------------------- summary rules on synthetic logs
+
+def test_spike_rule():
+    assert count_spikes([1.0, 1.0, 1.0, 4.0, 1.0, 10.0]) == 2  # steps 4 and 6: > 3 x median 1 of the previous steps
+    assert count_spikes([1.0, 10.0, 1.0, 1.0]) == 0  # the jump has fewer than 3 previous steps
+    assert count_spikes([1.0, 1.0, 1.0, 3.0]) == 0  # exactly 3 x is not a spike
+    assert count_spikes([2.0, 1.0, 3.0, 6.1]) == 1  # median of (2, 1, 3) is 2
+    assert count_spikes([1.0, math.nan, 1.0]) == 1  # non-finite counts
+
+
+def test_reward_auc_and_mean_std():
+    assert reward_auc([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.25, abs=1e-12)
+    assert math.isnan(reward_auc([]))
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0, 3)
+    mean, std, n = mean_std([0.5, math.nan])
+    assert (mean, n) == (0.5, 1) and math.isnan(std)
+    assert format_mean_std([1.0, 2.0, 3.0], ".2f") == "2.00 ± 1.00"
+    assert format_mean_std([0.5]) == "0.500"
+    assert format_mean_std([]) == "n/a"
+
+
+def _history(rewards, grad_norms=None, k3=None, na=None, pa=None, conc=None, loss=0.1):
+    out = []
+    for i, reward in enumerate(rewards):
+        record = {"step": i + 1, "reward": reward, "loss": loss, "grad_norm": (grad_norms or [1.0] * len(rewards))[i],
+                  "triage/k3_kl": (k3 or [0.01 * (i + 1) for _ in rewards])[i]}
+        for key, values in (("triage/tail_count_NA", na), ("triage/tail_count_PA", pa),
+                            ("triage/tail_concentration", conc)):
+            if values is not None:
+                record[key] = values[i]
+        out.append(record)
+    out.append({"step": len(rewards), "train_loss": 0.1, "train_runtime": 1.0})  # TRL's end-of-training record
+    return out
+
+
+def _held_out(*accuracies):
+    return [{"step": 4 * i, "accuracy": a, "correct": int(a * 8), "total": 8} for i, a in enumerate(accuracies)]
+
+
+def test_collapse_rule():
+    history = _history([0.1, 0.2])
+    assert collapsed("ok", history, _held_out(0.5, 0.25))  # 0.25 <= 0.5 x 0.5
+    assert not collapsed("ok", history, _held_out(0.5, 0.3))
+    assert not collapsed("ok", history, _held_out(0.0, 0.0))  # step-0 accuracy 0: the ratio test does not apply
+    assert collapsed("failed: StaleSamplerError: gap", history, _held_out(0.5, 0.5))
+    assert collapsed("ok", _history([0.1, math.nan]), _held_out(0.5, 0.5))
+    assert collapsed("ok", _history([0.1, 0.2], loss=math.inf), _held_out(0.5, 0.5))
+
+
+def test_run_metrics():
+    history = _history([0.2, 0.4, 0.6, 0.8], grad_norms=[1.0, 1.0, 1.0, 5.0], k3=[0.1, 0.3, 0.2, 0.05])
+    summary = {"status": "ok", "held_out": _held_out(0.25, 0.5, 0.375), "wall_seconds": 90.0}
+    m = run_metrics(summary, history)
+    assert m == {"step0_acc": 0.25, "final_acc": 0.375, "best_acc": 0.5, "reward_auc": pytest.approx(0.5, abs=1e-12),
+                 "k3_max": 0.3, "k3_final": 0.05, "spikes": 1, "collapsed": False, "failed": False,
+                 "non_finite": False, "wall_min": 1.5, "steps": 4}
+
+
+def test_observations_numbers():
+    seeds = [_history([0.1] * 6, na=[4, 3, 2, 1, 0, 0], pa=[0, 1, 1, 1, 2, 2], conc=[0.5] * 6),
+             _history([0.1] * 6, na=[6, 5, 2, 1, 0, 0], pa=[2, 1, 1, 1, 2, 2], conc=[0.7] * 6)]
+    obs = observations(seeds, first_steps=3)
+    assert obs["per_step"][0] == {"step": 1, "NA": 5.0, "PA": 1.0, "concentration": pytest.approx(0.6)}
+    assert (obs["na_first"], obs["pa_first"], obs["first_steps"]) == (5.0 + 4.0 + 2.0, 1.0 + 1.0 + 1.0, 3)
+    assert obs["concentration_mean"] == pytest.approx(0.6, abs=1e-12)
+
+
+# ---------------------------------------------------------------- summary of a synthetic lab folder
+
+def _write_run(lab_dir, config, seed, history, held_out, status="ok", wall=120.0):
+    run_dir = run_path(str(lab_dir), config, seed)
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "log_history.jsonl"), "w") as f:
+        f.writelines(json.dumps(h) + "\n" for h in history)
+    with open(os.path.join(run_dir, "run_summary.json"), "w") as f:
+        json.dump({"config": config, "seed": seed, "status": status, "held_out": held_out, "wall_seconds": wall,
+                   "settings": {"scale": "synthetic"}}, f)
+
+
+def test_summarize_synthetic_lab(tmp_path):
+    names = list(CONFIGS)
+    with open(tmp_path / "lab.json", "w") as f:
+        json.dump({"settings": {"scale": "synthetic", "max_steps": 4}, "configs": names, "seeds": [0, 1]}, f)
+    for i, name in enumerate(names):
+        for seed in (0, 1):
+            rewards = [0.1 * (i % 3) + 0.05 * seed + 0.01 * s for s in range(4)]
+            _write_run(tmp_path, name, seed,
+                       _history(rewards, na=[5, 4, 3, 2], pa=[1, 1, 2, 2], conc=[0.4, 0.5, 0.6, 0.7]),
+                       _held_out(0.5, 0.5 + 0.125 * seed))
+    _write_run(tmp_path, "nvfp4_naive", 2, _history([0.1, math.nan]), _held_out(0.5), status="failed: ValueError: NaN")
+    path = summarize(str(tmp_path))
+    with open(path) as f:
+        text = f.read()
+    table = text.split("\nRules:")[0]  # the results table (the per-run table comes later)
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    for name in names:
+        assert name in rows, name
+    cells = [c.strip() for c in rows["bf16"].split("|")[1:-1]]
+    # bf16: seeds 0 and 1, final accuracies 50% and 62.5%, AUCs 0.015 and 0.065, k3 max = final = 0.04, wall 2 min
+    assert cells == ["bf16", "2", "56.2 ± 8.8", "56.2 ± 8.8", "0.040 ± 0.035", "0.0400 ± 0.0000",
+                     "0.0400 ± 0.0000", "0.0 ± 0.0", "0/2", "0/2", "2.0 ± 0.0"]
+    naive = [c.strip() for c in rows["nvfp4_naive"].split("|")[1:-1]]
+    assert naive[1] == "3" and naive[8] == "1/3" and naive[9] == "1/3"  # the failed, non-finite seed collapses
+    assert "failed: ValueError: NaN" in text and "grad-norm spike" in text and "collapse" in text
+    assert "NA share 70.0% of NA + PA" in text  # first 5 steps (4 logged): NA 14, PA 6 on every seed
+    for png in ("overlay.png", "observations.png"):
+        assert os.path.getsize(tmp_path / png) > 10_000, png
+
+
+def test_summarize_refuses_an_empty_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="stability_lab.py"):
+        summarize(str(tmp_path))
+
+
+def test_worker_records_a_failed_run(tmp_path, monkeypatch):
+    from triage_trl.lab.worker import ENV_DEFAULTS, run
+
+    for key, value in ENV_DEFAULTS.items():  # run() sets these defaults; restore them after the test
+        monkeypatch.setenv(key, os.environ.get(key, value))
+
+    settings = {**scale_preset("smoke"), "scale": "smoke", "model": "/no/such/model", "task": "no_such_task"}
+    summary = run("triage", 0, str(tmp_path / "run"), settings)
+    assert summary["status"].startswith("failed: ValueError: task='no_such_task'")
+    with open(tmp_path / "run" / "run_summary.json") as f:
+        assert json.load(f)["status"] == summary["status"]
+    assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()
+
+
+# ---------------------------------------------------------------- one smoke lab run, end to end
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_smoke_lab_end_to_end(tmp_path):
+    """2 configurations x 1 seed x 1 step on a tiny random Qwen3 (each run its own process and vLLM engine)."""
+    lab_dir = tmp_path / "lab"
+    cmd = [sys.executable, LAB_SCRIPT, "--scale", "smoke", "--configs", "nvfp4_naive", "triage", "--seeds", "0",
+           "--output-dir", str(lab_dir)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[2/2] triage seed 0: ok" in done.stdout
+    for name in ("nvfp4_naive", "triage"):
+        run_dir = run_path(str(lab_dir), name, 0)
+        with open(os.path.join(run_dir, "run_summary.json")) as f:
+            summary = json.load(f)
+        assert summary["status"] == "ok" and summary["steps"] == 1, summary["status"]
+        assert [r["step"] for r in summary["held_out"]] == [0, 1] and summary["held_out"][0]["total"] == 4
+        with open(os.path.join(run_dir, "log_history.jsonl")) as f:
+            logs = [json.loads(line) for line in f]
+        step1 = [h for h in logs if "reward" in h]
+        assert [h["step"] for h in step1] == [1] and math.isfinite(step1[0]["triage/k3_kl"])
+        assert os.path.getsize(os.path.join(run_dir, "plots", "k3_kl.png")) > 1000
+        assert not os.path.exists(os.path.join(run_dir, "sampler_checkpoint"))
+    text = (lab_dir / "results.md").read_text()
+    assert "| nvfp4_naive | 1 |" in text and "| triage | 1 |" in text
+    assert (lab_dir / "overlay.png").stat().st_size > 1000 and (lab_dir / "observations.png").stat().st_size > 1000
+    # resume: a second call skips both runs and only summarizes
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 2
