@@ -172,3 +172,62 @@ def test_convert_under_existing_peft_wrapper(tiny_model_dir):
     assert isinstance(q_proj.base_layer, NVFP4EmulatedLinear)
     ids = torch.arange(2, 14).reshape(1, 12)
     assert torch.isfinite(peft_model(input_ids=ids, labels=ids).loss)
+
+
+# ------------------------------------------------------------------ sampler-matched scales, bf16 GEMMs
+
+
+def test_bf16_gemm_equals_bf16_matmul_of_dequantised_operands():
+    layer = _layer(dtype=torch.float32)
+    layer.compute_dtype = torch.bfloat16
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    x_dq = nvfp4_fake_quantize_reference(x.detach()).bfloat16()
+    w_dq = nvfp4_fake_quantize_reference(layer.weight.detach()).bfloat16()
+    y = layer(x)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, F.linear(x_dq, w_dq, layer.bias.detach().bfloat16()).float())
+    g = torch.randn(2, 5, 48)
+    y.backward(g)
+    assert x.grad.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+    assert torch.equal(x.grad, (g.bfloat16() @ w_dq).float())
+    assert torch.equal(layer.weight.grad, (g.bfloat16().reshape(-1, 48).t() @ x_dq.reshape(-1, 64)).float())
+
+
+def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_model_dir):
+    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
+    from triage_trl.nvfp4.learner import set_sampler_input_scales
+    from triage_trl.nvfp4.quantize import nvfp4_fake_quantize
+
+    model = _load(tiny_model_dir).float()
+    convert_to_nvfp4_learner(model, scales="sampler")
+    attn = model.model.layers[1].self_attn
+    scales = {name: torch.tensor(100.0 + i) for i, (name, m) in enumerate(model.named_modules())
+              if isinstance(m, NVFP4EmulatedLinear)}
+    assert set_sampler_input_scales(model, scales) == 21  # 3 blocks x (q, k, v, o, gate, up, down)
+    exported = dict(iter_nvfp4_checkpoint_weights(model, {n: s for n, s in scales.items()}))
+    prefix = "model.layers.1.self_attn."
+    # q/k/v share the export's power-of-two weight global scale, and decode to the exported weights.
+    global_scale = exported[prefix + "q_proj.weight_global_scale"]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        layer = getattr(attn, proj)
+        assert torch.equal(exported[prefix + proj + ".weight_global_scale"], global_scale)
+        assert torch.equal(layer.weight_per_tensor_scale().reshape(1), 1.0 / global_scale)
+        assert torch.equal(layer.fake_quantized_weight(),
+                           nvfp4_fake_quantize_reference(layer.weight.detach(), 1.0 / global_scale))
+    # Activations use the static scale given (a divisor), not their own amax.
+    q = attn.q_proj
+    x = torch.randn(3, q.in_features)
+    expected = F.linear(nvfp4_fake_quantize(x, 1.0 / q.input_global_scale), q.fake_quantized_weight(), q.bias)
+    assert torch.equal(q(x), expected)
+    assert not torch.equal(q(x), F.linear(nvfp4_fake_quantize(x), q.fake_quantized_weight(), q.bias))
+
+
+def test_set_sampler_input_scales_names_a_missing_layer(tiny_model_dir):
+    from triage_trl.nvfp4.learner import set_sampler_input_scales
+
+    model = _load(tiny_model_dir)
+    convert_to_nvfp4_learner(model, scales="sampler")
+    with pytest.raises(KeyError, match="calibrate_input_global_scales"):
+        set_sampler_input_scales(model, {})
+    with pytest.raises(ValueError, match="scales must be one of"):
+        convert_to_nvfp4_learner(_load(tiny_model_dir), scales="static")

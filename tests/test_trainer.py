@@ -169,6 +169,10 @@ def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_pat
     mixed = _args(TriageGRPOConfig, tmp_path, use_vllm=True, sampler_precision="nvfp4")
     assert mixed.resolved_sync_probe_max_gap == 0.5
     assert _args(TriageGRPOConfig, tmp_path, sync_probe_max_gap=0.02).resolved_sync_probe_max_gap == 0.02
+    # The learner mirrors the sampler's NVFP4 scales only when there is an NVFP4 sampler to mirror.
+    both = _args(TriageGRPOConfig, tmp_path, use_vllm=True, sampler_precision="nvfp4", learner_precision="nvfp4")
+    assert both.nvfp4_learner_scales == "sampler" and both.nvfp4_emulation_dtype == "bf16"
+    assert mixed.nvfp4_learner_scales == "dynamic" and args.nvfp4_learner_scales == "dynamic"
 
 
 @pytest.mark.parametrize(
@@ -186,6 +190,9 @@ def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_pat
         ({"sampler_precision": "nvfp4", "use_vllm": True, "vllm_mode": "server"}, ValueError, "colocate"),
         ({"nvfp4_keep_first_blocks": -1}, ValueError, "nvfp4_keep_first_blocks"),
         ({"nvfp4_calibration_prompts": 0}, ValueError, "nvfp4_calibration_prompts"),
+        ({"nvfp4_learner_scales": "sampler"}, ValueError, "nvfp4_learner_scales='dynamic'"),
+        ({"nvfp4_learner_scales": "static"}, ValueError, "nvfp4_learner_scales='static'"),
+        ({"nvfp4_emulation_dtype": "fp16"}, ValueError, "nvfp4_emulation_dtype"),
         ({"sync_probe_max_gap": 0.0}, ValueError, "sync_probe_max_gap"),
         ({"triage_tail_quantile": 1.5}, ValueError, "triage_tail_quantile"),
     ],

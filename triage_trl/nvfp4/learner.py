@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modules import base_linear, block_index, hf_model, is_lora_layer, iter_logical_linears
+from .modules import base_linear, block_index, fused_group, hf_model, is_lora_layer, iter_logical_linears
 from .quantize import BLOCK_SIZE, nvfp4_fake_quantize
 
 logger = logging.getLogger(__name__)
@@ -36,36 +36,44 @@ __all__ = [
     "LayerDecision",
     "convert_to_nvfp4_learner",
     "native_nvfp4_available",
+    "set_sampler_input_scales",
 ]
+LEARNER_SCALES = ("dynamic", "sampler")
 
 NATIVE_MULTIPLE = 128  # torchao nvfp4_mm_triton: M, K, N divisible by 128
 
 
 class _EmulatedW4A4Matmul(torch.autograd.Function):
     """``y = Q(x) @ Q(W)^T + b`` forward; straight-through backward with the dequantised operands:
-    ``dx = dy @ Q(W)``, ``dW = dy^T @ Q(x)``, ``db = sum(dy)`` (the STE of torchao's QAT)."""
+    ``dx = dy @ Q(W)``, ``dW = dy^T @ Q(x)``, ``db = sum(dy)`` (the STE of torchao's QAT).
+
+    The GEMMs run in ``compute_dtype`` (``None``: the input's dtype); results return in the input's
+    and the weight's dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, weight_dq, bias):
-        x_dq = nvfp4_fake_quantize(x)
-        w = weight_dq.to(x.dtype)
+    def forward(ctx, x, weight, weight_dq, bias, input_scale, compute_dtype):
+        dtype = compute_dtype or x.dtype
+        x_dq = nvfp4_fake_quantize(x, input_scale).to(dtype)
+        w = weight_dq.to(dtype)
         ctx.save_for_backward(x_dq, w)
-        ctx.weight_dtype = weight.dtype
-        return F.linear(x_dq, w, bias)
+        ctx.weight_dtype, ctx.input_dtype = weight.dtype, x.dtype
+        out = F.linear(x_dq, w, None if bias is None else bias.to(dtype))
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         x_dq, w = ctx.saved_tensors
         grad_x = grad_w = grad_b = None
+        g = grad_out.to(w.dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = grad_out @ w
+            grad_x = (g @ w).to(ctx.input_dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
-            g2 = grad_out.reshape(-1, grad_out.shape[-1])
+            g2 = g.reshape(-1, g.shape[-1])
             if ctx.needs_input_grad[1]:
                 grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(ctx.weight_dtype)
             if ctx.needs_input_grad[3]:
-                grad_b = g2.sum(0)
-        return grad_x, grad_w, None, grad_b
+                grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+        return grad_x, grad_w, None, grad_b, None, None
 
 
 class NVFP4EmulatedLinear(nn.Linear):
@@ -85,6 +93,17 @@ class NVFP4EmulatedLinear(nn.Linear):
     rounding, whereas this backward uses the dequantised forward operands and full-precision
     gradients.
 
+    Scales (``scales`` of ``convert_to_nvfp4_learner``): ``"dynamic"`` as above (torchao's recipe);
+    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.export``): the weight's
+    per-tensor scale is the export's power-of-two scale of its vLLM-fused group (q/k/v, gate/up:
+    ``weight_scale_group``), and the activations use the sampler's static calibrated scale
+    (``input_global_scale``, set by ``set_sampler_input_scales``; dynamic until first set). The
+    residual learner-sampler mismatch is then the engines' own (GEMM order, attention, norms).
+
+    ``compute_dtype`` (``None``: the input's dtype) is the GEMM dtype; ``torch.bfloat16`` is what
+    vLLM's NVFP4 emulation does (dequantise to bf16, bf16 GEMM with fp32 accumulation) and is exact
+    for the dequantised operands when the per-tensor scales are powers of two.
+
     The weight's fake-quantised copy is cached and recomputed only when the weight changes
     (``weight._version`` / storage, i.e. after an optimizer step). PEFT LoRA can wrap this module
     (it is an ``nn.Linear``); adapters then run unquantised next to it.
@@ -93,32 +112,75 @@ class NVFP4EmulatedLinear(nn.Linear):
     nvfp4_learner_path = "emulated"
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> NVFP4EmulatedLinear:
+    def from_linear(cls, linear: nn.Linear, *, compute_dtype: torch.dtype | None = None) -> NVFP4EmulatedLinear:
         """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.bias = linear.bias
+        new.compute_dtype = compute_dtype
+        new.weight_scale_group = None
+        new.input_global_scale = None
         new._weight_cache_key = None
         new._weight_dq = None
         return new
 
+    def weight_per_tensor_scale(self) -> torch.Tensor | None:
+        """The weight's per-tensor scale (a multiplier): ``None`` = dynamic ``amax / 2688``; with a
+        ``weight_scale_group``, ``1 / weight_global_scale_from_amax(max amax over the group)``."""
+        if self.weight_scale_group is None:
+            return None
+        from .export import weight_global_scale_from_amax
+
+        amax = torch.stack([w.detach().abs().amax().float() for w in self.weight_scale_group]).amax()
+        return 1.0 / weight_global_scale_from_amax(amax)
+
     def fake_quantized_weight(self) -> torch.Tensor:
-        """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight version."""
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+        """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight (and scale group) version."""
+        group = self.weight_scale_group or (self.weight,)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in group)
+        key += ((self.weight.data_ptr(), self.weight._version),)
         if self._weight_dq is None or self._weight_cache_key != key:
-            self._weight_dq = nvfp4_fake_quantize(w.detach())
+            self._weight_dq = nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale())
             self._weight_cache_key = key
         return self._weight_dq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return _EmulatedW4A4Matmul.apply(x, self.weight, self.fake_quantized_weight(), bias)
+        input_scale = None if self.input_global_scale is None else 1.0 / self.input_global_scale
+        return _EmulatedW4A4Matmul.apply(
+            x, self.weight, self.fake_quantized_weight(), self.bias, input_scale, self.compute_dtype
+        )
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ", nvfp4=emulated W4A4"
+        scales = "sampler" if self.weight_scale_group is not None else "dynamic"
+        return super().extra_repr() + f", nvfp4=emulated W4A4, scales={scales}"
+
+
+def set_sampler_input_scales(model: nn.Module, input_global_scales: dict[str, torch.Tensor]) -> int:
+    """Give the emulated NVFP4 layers of ``model`` the sampler's static activation scales.
+
+    Args:
+        model: converted by ``convert_to_nvfp4_learner(..., scales="sampler")`` (or wrapped by peft).
+        input_global_scales: ``{hf_linear_name: 0-dim float32}`` in vLLM's divisor convention
+            (``448 * 6 / amax``), as ``calibrate_input_global_scales`` returns and the sampler uses.
+
+    Returns:
+        How many layers received a scale.
+
+    Raises:
+        KeyError: an emulated layer with sampler scales has no entry (calibrate on this model).
+    """
+    count = 0
+    for name, module in iter_logical_linears(model):
+        lin = base_linear(module)
+        if not isinstance(lin, NVFP4EmulatedLinear) or lin.weight_scale_group is None:
+            continue
+        if name not in input_global_scales:
+            raise KeyError(f"No sampler input scale for {name}: calibrate_input_global_scales on this model first.")
+        lin.input_global_scale = input_global_scales[name].detach().float().reshape(()).to(lin.weight.device)
+        count += 1
+    return count
 
 
 @dataclass
@@ -199,6 +261,8 @@ def convert_to_nvfp4_learner(
     keep_last_blocks: int = 0,
     exclude_patterns: Sequence[str] = (r"mlp.gate$", "router"),
     native: bool | str = "auto",
+    scales: str = "dynamic",
+    compute_dtype: torch.dtype | None = None,
 ) -> NVFP4ConversionReport:
     """Put NVFP4 W4A4 linears into a transformers model's decoder blocks, in place.
 
@@ -211,6 +275,11 @@ def convert_to_nvfp4_learner(
             keep in bf16, e.g. MoE router gates.
         native: ``"auto"`` uses torchao's native path where the GPU (sm100+) and shapes allow,
             else emulation; ``True`` requires native; ``False`` always emulates.
+        scales: ``"dynamic"`` (torchao's recipe: per-tensor scales from each operand's amax) or
+            ``"sampler"`` (the emulated layers mirror the vLLM sampler's checkpoint: power-of-two weight
+            scales shared within vLLM-fused groups, static activation scales from
+            ``set_sampler_input_scales``); see ``NVFP4EmulatedLinear``. Native layers use torchao's.
+        compute_dtype: GEMM dtype of the emulated layers (``None``: the input's dtype).
 
     Returns:
         ``NVFP4ConversionReport`` with each linear's path and reason.
@@ -218,10 +287,12 @@ def convert_to_nvfp4_learner(
     Raises:
         ValueError: ``native=True`` where native NVFP4 training is unavailable (use
             ``native=False`` or ``"auto"`` for the emulated W4A4 path); ``native`` not one of
-            True/False/"auto"; negative keep counts.
+            True/False/"auto"; negative keep counts; ``scales`` not in ``LEARNER_SCALES``.
     """
     if native not in (True, False, "auto"):
         raise ValueError(f"native must be True, False or 'auto', got {native!r}.")
+    if scales not in LEARNER_SCALES:
+        raise ValueError(f"scales must be one of {LEARNER_SCALES}, got {scales!r}.")
     if keep_first_blocks < 0 or keep_last_blocks < 0:
         raise ValueError("keep_first_blocks and keep_last_blocks must be >= 0.")
     root = hf_model(model)
@@ -268,7 +339,7 @@ def convert_to_nvfp4_learner(
             why = native_why if not native_ok else f"in/out not multiples of {NATIVE_MULTIPLE} for torchao"
             report.layers[name] = LayerDecision("emulated", why)
             parent, attr = _owner_of_base(root, name, module)
-            setattr(parent, attr, NVFP4EmulatedLinear.from_linear(lin))
+            setattr(parent, attr, NVFP4EmulatedLinear.from_linear(lin, compute_dtype=compute_dtype))
     if misaligned:
         logger.warning(
             "NVFP4 learner: %d linear layer(s) have dimensions that are not multiples of %d and stay "
@@ -277,7 +348,22 @@ def convert_to_nvfp4_learner(
         )
     if native_names:
         _apply_native(root, linears, set(native_names))
+    if scales == "sampler":
+        _share_weight_scales_in_fused_groups(model)
     return report
+
+
+def _share_weight_scales_in_fused_groups(model: nn.Module) -> None:
+    """Point every emulated layer at the weights of its vLLM-fused group (the export's scale rule)."""
+    groups: dict[str, list[NVFP4EmulatedLinear]] = {}
+    for name, module in iter_logical_linears(model):
+        lin = base_linear(module)
+        if isinstance(lin, NVFP4EmulatedLinear):
+            groups.setdefault(fused_group(name), []).append(lin)
+    for members in groups.values():
+        weights = tuple(m.weight for m in members)
+        for m in members:
+            m.weight_scale_group = weights
 
 
 def _apply_native(root: nn.Module, linears, names: set[str]) -> None:

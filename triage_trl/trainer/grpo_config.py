@@ -44,6 +44,13 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
         nvfp4_exclude_patterns (`list[str]` or `None`, *optional*):
             Regular expressions of module names kept in bf16 (e.g. MoE router gates). `None`: the NVFP4 module's
             defaults.
+        nvfp4_learner_scales (`str` or `None`, *optional*):
+            Per-tensor scales of the emulated NVFP4 learner layers: `"sampler"` mirrors the NVFP4 sampler's
+            checkpoint (power-of-two weight scales shared within vLLM-fused q/k/v and gate/up groups, the sampler's
+            static calibrated activation scales, pushed after every sync); `"dynamic"` is torchao's recipe (scales
+            from each operand's amax). `None`: `"sampler"` when both run in NVFP4, else `"dynamic"`.
+        nvfp4_emulation_dtype (`str`, *optional*, defaults to `"bf16"`):
+            GEMM dtype of the emulated NVFP4 learner layers (`"bf16"`, as vLLM's NVFP4 emulation, or `"fp32"`).
         nvfp4_calibration_prompts (`int`, *optional*, defaults to `16`):
             Number of training prompts used to calibrate the NVFP4 sampler's input global scales.
         sync_probe_max_gap (`float` or `None`, *optional*):
@@ -86,6 +93,24 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
         metadata={
             "help": "Regular expressions of module names kept in bf16 in NVFP4 runs (e.g. MoE router gates). "
             "Unset: the NVFP4 module's defaults."
+        },
+    )
+    nvfp4_learner_scales: str | None = field(
+        default=None,
+        metadata={
+            "help": "Per-tensor scales of the emulated NVFP4 learner layers: `sampler` (the sampler checkpoint's "
+            "power-of-two weight scales shared within fused groups and its static calibrated activation scales) or "
+            "`dynamic` (torchao's amax recipe). Unset: `sampler` when learner and sampler are both NVFP4, else "
+            "`dynamic`.",
+            "choices": ["sampler", "dynamic"],
+        },
+    )
+    nvfp4_emulation_dtype: str = field(
+        default="bf16",
+        metadata={
+            "help": "GEMM dtype of the emulated NVFP4 learner layers: `bf16` (what vLLM's NVFP4 emulation does; "
+            "exact for the dequantised operands with power-of-two scales) or `fp32`.",
+            "choices": ["bf16", "fp32"],
         },
     )
     nvfp4_calibration_prompts: int = field(
@@ -146,6 +171,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             "nvfp4_keep_first_blocks",
             "nvfp4_keep_last_blocks",
             "nvfp4_exclude_patterns",
+            "nvfp4_learner_scales",
+            "nvfp4_emulation_dtype",
             "nvfp4_calibration_prompts",
         )
         settings = {name: getattr(self, name) for name in names}
@@ -160,6 +187,22 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= 0.")
+        if self.nvfp4_learner_scales is None:
+            both = self.learner_precision == "nvfp4" and self.sampler_precision == "nvfp4"
+            self.nvfp4_learner_scales = "sampler" if both else "dynamic"
+        if self.nvfp4_learner_scales not in ("sampler", "dynamic"):
+            raise ValueError(
+                f"nvfp4_learner_scales={self.nvfp4_learner_scales!r} is invalid: it must be 'sampler' or 'dynamic'."
+            )
+        if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
+            raise ValueError(
+                "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="
+                f"{self.sampler_precision!r}: set sampler_precision='nvfp4', or nvfp4_learner_scales='dynamic'."
+            )
+        if self.nvfp4_emulation_dtype not in ("bf16", "fp32"):
+            raise ValueError(
+                f"nvfp4_emulation_dtype={self.nvfp4_emulation_dtype!r} is invalid: it must be 'bf16' or 'fp32'."
+            )
         value = self.nvfp4_calibration_prompts
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"nvfp4_calibration_prompts={value!r} is out of range: it must be an integer >= 1.")

@@ -132,6 +132,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         if self.triage_mode != "off" and args.triage_segment_mode == "newline":
             vocab = self.model.get_input_embeddings().num_embeddings
             self._newline_table = build_newline_table(self._tokenizer, vocab_size=max(vocab, len(self._tokenizer)))
+        self._push_sampler_scales()
         self._probe_ids = probe_token_ids(self._tokenizer) if self.use_vllm else None
         self.sync_probe_gaps: list[float] = []
         self.triage_history: list[dict[str, float]] = []
@@ -158,7 +159,12 @@ class TriageGRPOTrainer(GRPOTrainer):
             model = create_model_from_path(model, **model_init_kwargs)
             # Used above; TRL would warn that they are ignored for an instantiated model.
             args.model_init_kwargs = None
-        options = {"keep_first_blocks": args.nvfp4_keep_first_blocks, "keep_last_blocks": args.nvfp4_keep_last_blocks}
+        options = {
+            "keep_first_blocks": args.nvfp4_keep_first_blocks,
+            "keep_last_blocks": args.nvfp4_keep_last_blocks,
+            "scales": args.nvfp4_learner_scales,
+            "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
+        }
         if args.nvfp4_exclude_patterns is not None:  # else the NVFP4 module's defaults (MoE router gates)
             options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
         report = convert_to_nvfp4_learner(model, **options)
@@ -186,10 +192,32 @@ class TriageGRPOTrainer(GRPOTrainer):
             from trl.extras.profiling import profiling_context
 
             with profiling_context(self, "sync_weights"):
-                self.vllm_generation.sync_weights()
+                self.sync_sampler()
             self._last_loaded_step = self.state.global_step
             self._run_sync_probe()
         return super()._generate(prompts)
+
+    def sync_sampler(self) -> None:
+        """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4) and, with
+        ``nvfp4_learner_scales="sampler"``, give the learner the sampler's new activation scales. Call it before
+        using ``self.vllm_generation.llm`` directly after training (e.g. a held-out evaluation)."""
+        self.vllm_generation.sync_weights()
+        self._push_sampler_scales()
+
+    def _push_sampler_scales(self) -> None:
+        """With ``nvfp4_learner_scales="sampler"``: give the learner the activation scales the sampler was just
+        calibrated with (the NVFP4 export recalibrates them at every sync)."""
+        if self.nvfp4_learner_report is None or self.args.nvfp4_learner_scales != "sampler":
+            return
+        from ..nvfp4.learner import set_sampler_input_scales
+
+        scales = getattr(getattr(self, "vllm_generation", None), "input_global_scales", None)
+        if scales is None:
+            raise RuntimeError(
+                "nvfp4_learner_scales='sampler' but the sampler has no calibrated input scales: it needs "
+                "sampler_precision='nvfp4' with vllm_mode='colocate'."
+            )
+        set_sampler_input_scales(self.model, scales)
 
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
