@@ -1,11 +1,13 @@
 """One stability-lab run: ``python -m triage_trl.lab.worker --config NAME --seed S --run-dir DIR [settings]``.
 
 Trains one configuration (:mod:`triage_trl.lab.configs`) for one seed in this process, with its own vLLM engine,
-and measures the greedy held-out accuracy of the run's own sampler (synced to the learner) at step 0, every
-``eval_every`` optimizer steps and at the end (:func:`triage_trl.demo.greedy_accuracy`). It writes into DIR:
+and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
+``trainer.sync_sampler()`` right before each evaluation) at step 0, every ``eval_every`` optimizer steps and at the
+end (:func:`triage_trl.demo.greedy_accuracy`). It writes into DIR:
 
 - ``log_history.jsonl``: every log record, appended as it is logged (a crashed run keeps its curve);
-- ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, seconds);
+- ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, seconds, of which
+  sync_seconds);
 - ``run_summary.json`` (last, always): configuration, seed, settings, held-out accuracies, timings and ``status``
   (``"ok"``, or ``"failed: <error>"`` for a run that raised, e.g. ``StaleSamplerError``; the traceback goes to
   ``error.txt``);
@@ -130,13 +132,15 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
 
         def evaluate(step: int) -> None:
             t0 = time.perf_counter()
-            if step > 0:  # the engine starts with the initial weights (as the demo's "before")
-                trainer.vllm_generation.sync_weights()  # the latest optimizer step's weights
+            # Also at step 0, so every evaluation goes through the same path (an NVFP4 sync re-exports the learner and
+            # recalibrates the sampler's activation scales); it also takes the first sync's warm-up out of step 1.
+            trainer.sync_sampler()  # the latest optimizer step's weights (and, NVFP4, the learner's scales)
+            t1 = time.perf_counter()
             result = greedy_accuracy(trainer, held_out, settings["max_completion_length"])
             seconds = time.perf_counter() - t0
             timings["eval_seconds"] += seconds
             record = {"step": step, "accuracy": result.accuracy, "correct": result.correct, "total": result.total,
-                      "seconds": seconds}
+                      "seconds": seconds, "sync_seconds": t1 - t0}
             summary["held_out"].append(record)
             _append_jsonl(os.path.join(run_dir, HELD_OUT), record)
 
