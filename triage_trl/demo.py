@@ -172,7 +172,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
     train_start = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - train_start
-    trainer.vllm_generation.sync_weights()  # the last optimizer step's weights
+    trainer.sync_sampler()  # the last optimizer step's weights
     after = greedy_accuracy(trainer, held_out, settings["max_completion_length"])
 
     trainer.save_model(output_dir)
