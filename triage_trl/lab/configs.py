@@ -77,9 +77,12 @@ SCALES: dict[str, dict] = {
         model=None, task="reasoning_gym", data_path=None, max_steps=8, prompts_per_step=2, num_generations=8,
         max_completion_length=32, temperature=0.7, learning_rate=1e-5, train_size=256, eval_size=32, eval_every=4,
         seeds=[0, 1, 2], configs=list(CONFIGS), trainer_overrides={},
-        # Dry-run estimate of one run (seconds): start-up (model, NVFP4 conversion, vLLM engine), one optimizer
-        # step, one held-out evaluation. Measured on the 2-core CPU, see benchmarks/stability_lab.py.
-        estimate=dict(startup_s=60.0, step_s=45.0, eval_s=20.0),
+        # Dry-run estimate of one run (seconds). Measured on the 2-core CPU with other jobs running (load 2.7-3.6),
+        # `triage`, 2 steps, 32 held-out items: start-up (imports, model, NVFP4 conversion, vLLM engine) 173 s; the
+        # first sync + first greedy generation 243 s (one-time warm-ups: 104 s + 139 s); the first optimizer step
+        # 272 s, the second 25 s; later evaluations 10 s (sync 4-5 s). `startup_s` holds the one-time costs
+        # (173 + 233 + 247), `step_s` and `eval_s` the steady state.
+        estimate=dict(startup_s=650.0, step_s=25.0, eval_s=10.0),
     ),
     # CI/tests: a tiny random Qwen3 (triage_trl.testing.save_tiny_qwen3, built once in the lab folder), 1 step.
     "smoke": dict(
