@@ -148,6 +148,28 @@ def test_sync_matches_learner_and_skipped_sync_is_caught(triage_samplers, precis
 
 
 @pytest.mark.slow
+def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
+    """Static activation scales (calibrated once, at start): re-syncing the same weights reproduces the sampler
+    bit for bit, so held-out evaluations before and after a sync compare the policy, not a recalibration."""
+    from vllm import SamplingParams
+
+    s = triage_samplers("nvfp4")
+    ids = s.tokenizer(PROBE)["input_ids"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
+
+    def greedy():
+        out = s.gen.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+        return list(out.token_ids), [lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids)]
+
+    scales = dict(s.gen.input_global_scales)
+    before = greedy()
+    s.gen.sync_weights()
+    assert s.gen.input_global_scales.keys() == scales.keys()
+    assert all(torch.equal(s.gen.input_global_scales[k], v) for k, v in scales.items())
+    assert greedy() == before
+
+
+@pytest.mark.slow
 def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
     s = triage_samplers("bf16")
     runner = s.gen._model_runner()

@@ -68,15 +68,17 @@ class TriageVLLMGeneration(VLLMGeneration):
         sampler_precision: ``"bf16"`` (plain bf16 checkpoint) or ``"nvfp4"`` (NVFP4 W4A4 compressed-tensors
             checkpoint, re-quantised at every sync).
         calibration_prompts: prompts for the NVFP4 activation global scales (vLLM's NVFP4 activations use static
-            per-tensor scales, calibrated on the learner at start and, by default, again at every sync). Each is a
+            per-tensor scales, calibrated on the learner at start and, on request, again at every sync). Each is a
             string, a list of token ids (decoded with ``processing_class``) or a chat (list of
             ``{"role", "content"}``, rendered with the chat template). Required for ``"nvfp4"``.
         checkpoint_dir: folder for the checkpoint vLLM starts from (created; overwritten).
         llm_kwargs: extra ``vllm.LLM`` arguments, overriding ours (e.g. ``enforce_eager``,
             ``kv_cache_memory_bytes``). On CPU ``enforce_eager`` defaults to ``True``.
-        recalibrate_every_sync: NVFP4 only. ``True`` (default): recalibrate the activation global scales on the
-            current learner before each sync, as a fresh export of the current policy would (one learner forward
-            per calibration prompt). ``False``: keep the scales from start (weights drifting away from them clip).
+        recalibrate_every_sync: NVFP4 only. ``False`` (default): keep the activation scales calibrated at start,
+            as a deployed static-scale checkpoint does; a sync without a weight change then leaves the sampler
+            bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the current
+            learner before each sync, as a fresh export would (one learner forward per calibration prompt); on a
+            135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
 
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
@@ -99,7 +101,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         calibration_prompts: Sequence[str | Sequence[int] | Sequence[dict]] | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         llm_kwargs: dict | None = None,
-        recalibrate_every_sync: bool = True,
+        recalibrate_every_sync: bool = False,
         **kwargs,
     ):
         if sampler_precision not in SAMPLER_PRECISIONS:

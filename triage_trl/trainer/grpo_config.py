@@ -51,6 +51,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             from each operand's amax). `None`: `"sampler"` when both run in NVFP4, else `"dynamic"`.
         nvfp4_emulation_dtype (`str`, *optional*, defaults to `"bf16"`):
             GEMM dtype of the emulated NVFP4 learner layers (`"bf16"`, as vLLM's NVFP4 emulation, or `"fp32"`).
+        nvfp4_recalibrate_every_sync (`bool`, *optional*, defaults to `False`):
+            Recalibrate the sampler's static activation scales at every sync instead of once at start.
         nvfp4_calibration_prompts (`int`, *optional*, defaults to `16`):
             Number of training prompts used to calibrate the NVFP4 sampler's input global scales.
         sync_probe_max_gap (`float` or `None`, *optional*):
@@ -111,6 +113,14 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             "help": "GEMM dtype of the emulated NVFP4 learner layers: `bf16` (what vLLM's NVFP4 emulation does; "
             "exact for the dequantised operands with power-of-two scales) or `fp32`.",
             "choices": ["bf16", "fp32"],
+        },
+    )
+    nvfp4_recalibrate_every_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "Recalibrate the NVFP4 sampler's static activation scales at every weight sync. Default: "
+            "calibrate once at start, as a deployed static-scale checkpoint does (a sync that changes no weight then "
+            "changes no sampler output)."
         },
     )
     nvfp4_calibration_prompts: int = field(
@@ -174,6 +184,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             "nvfp4_learner_scales",
             "nvfp4_emulation_dtype",
             "nvfp4_calibration_prompts",
+            "nvfp4_recalibrate_every_sync",
         )
         settings = {name: getattr(self, name) for name in names}
         settings["sync_probe_max_gap"] = self.resolved_sync_probe_max_gap

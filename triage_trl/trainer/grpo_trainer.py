@@ -180,6 +180,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             TriageVLLMGeneration,
             sampler_precision=args.sampler_precision,
             calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
+            recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
             checkpoint_dir=os.path.join(args.output_dir, "sampler_checkpoint"),
         )
 
@@ -193,16 +194,21 @@ class TriageGRPOTrainer(GRPOTrainer):
 
             with profiling_context(self, "sync_weights"):
                 self.sync_sampler()
-            self._last_loaded_step = self.state.global_step
-            self._run_sync_probe()
         return super()._generate(prompts)
 
     def sync_sampler(self) -> None:
-        """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4) and, with
-        ``nvfp4_learner_scales="sampler"``, give the learner the sampler's new activation scales. Call it before
-        using ``self.vllm_generation.llm`` directly after training (e.g. a held-out evaluation)."""
+        """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4), give the learner the
+        sampler's activation scales (``nvfp4_learner_scales="sampler"``) and run the sync probe. Call it before
+        using ``self.vllm_generation.llm`` directly (e.g. a held-out evaluation between steps); the next rollout
+        then reuses this sync.
+
+        Raises:
+            StaleSamplerError: the probe gap exceeds ``sync_probe_max_gap``.
+        """
         self.vllm_generation.sync_weights()
         self._push_sampler_scales()
+        self._last_loaded_step = self.state.global_step
+        self._run_sync_probe()
 
     def _push_sampler_scales(self) -> None:
         """With ``nvfp4_learner_scales="sampler"``: give the learner the activation scales the sampler was just
