@@ -424,3 +424,9 @@ def test_lora_on_nvfp4_learner_trains_two_steps(tmp_path, tiny_qwen3_dir, fake_s
         assert not after[n].requires_grad
         torch.testing.assert_close(after[n], v, rtol=0, atol=1e-6)
     assert len(trainer.sync_probe_gaps) == 2 and all(g < 0.5 for g in trainer.sync_probe_gaps)
+
+
+def test_sampler_is_seeded_with_the_run_seed(tmp_path):
+    args = _args(TriageGRPOConfig, tmp_path, use_vllm=True, seed=7)
+    factory = TriageGRPOTrainer._sampler_factory(None, args, _dataset(), None, None)
+    assert factory.keywords["sampler_seed"] == 7

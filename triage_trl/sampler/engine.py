@@ -80,6 +80,9 @@ class TriageVLLMGeneration(VLLMGeneration):
             learner before each sync, as a fresh export would (one learner forward per calibration prompt); on a
             135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
 
+        sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
+            rank term only, so every run would sample alike; the trainer passes ``args.seed``).
+
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
             layer counts), GEMM path and activation precision, read from the loaded vLLM model.
@@ -102,6 +105,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         checkpoint_dir: str | os.PathLike | None = None,
         llm_kwargs: dict | None = None,
         recalibrate_every_sync: bool = False,
+        sampler_seed: int = 0,
         **kwargs,
     ):
         if sampler_precision not in SAMPLER_PRECISIONS:
@@ -113,6 +117,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.checkpoint_dir = Path(checkpoint_dir)
         self.llm_kwargs = dict(llm_kwargs or {})
         self.recalibrate_every_sync = recalibrate_every_sync
+        self.sampler_seed = sampler_seed
         self.kernel_report: dict[str, str] = {}
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
@@ -186,7 +191,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             enable_sleep_mode=self.enable_sleep_mode,
             model_impl=self.model_impl,
             distributed_executor_backend="external_launcher",
-            seed=accelerator.process_index // self.tensor_parallel_size,
+            seed=self.sampler_seed + accelerator.process_index // self.tensor_parallel_size,
             max_num_batched_tokens=4096,
             logprobs_mode="processed_logprobs",
             trust_remote_code=self.trust_remote_code,

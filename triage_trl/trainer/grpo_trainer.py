@@ -182,6 +182,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
             recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
             checkpoint_dir=os.path.join(args.output_dir, "sampler_checkpoint"),
+            sampler_seed=args.seed,
         )
 
     # ------------------------------------------------------------------ generation: sync + probe
