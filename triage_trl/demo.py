@@ -25,18 +25,18 @@ import os
 import time
 from dataclasses import dataclass
 
-# Measured on the 2-core CPU: `make demo` with these defaults took 7.2 min on a quiet machine (training 4.8 min,
-# steps 30-78 s, 64 held-out items greedy before and after); under load from other jobs a step with 4 prompts x 8
-# completions took 220-250 s. 2 prompts x 8 completions and 6 steps stay well under the 20-minute budget.
+# Measured on the 2-core CPU (quiet machine, session 2): these defaults take 6.7 min in all (12 steps of 23-33 s,
+# 5.5 min of training; 128 held-out items greedy before and after, ~15 s each). The 20-minute budget assumes a quiet
+# machine: with other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
 DEMO_DEFAULTS = dict(
-    max_steps=6,
+    max_steps=12,
     prompts_per_step=2,
     num_generations=8,
     max_completion_length=32,
     temperature=0.7,
     learning_rate=1e-5,
     train_size=256,
-    eval_size=64,
+    eval_size=128,
 )
 QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
 
