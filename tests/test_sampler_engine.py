@@ -257,6 +257,9 @@ def test_peft_sync_sends_merged_weights(triage_samplers, precision):
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.5)
+    # The random adapters move activations far past the start's calibration: recalibrate for this sync, so the
+    # check is about the merged weights, not about clipping at stale static scales.
+    s.gen.recalibrate_every_sync = True
     try:
         s.gen.model = peft_model
         s.gen.sync_weights()
@@ -270,4 +273,5 @@ def test_peft_sync_sends_merged_weights(triage_samplers, precision):
         s.gen.model = peft_model.unload()
         s.model = s.gen.model
         s.gen.sync_weights()
+        s.gen.recalibrate_every_sync = False
     assert probe_gap(s, ids) <= GAP_BOUND[precision]
