@@ -139,8 +139,7 @@ class NVFP4EmulatedLinear(nn.Linear):
     def fake_quantized_weight(self) -> torch.Tensor:
         """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight (and scale group) version."""
         group = self.weight_scale_group or (self.weight,)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in group)
-        key += ((self.weight.data_ptr(), self.weight._version),)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in group)  # has self.weight
         if self._weight_dq is None or self._weight_cache_key != key:
             self._weight_dq = nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale())
             self._weight_cache_key = key
