@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..nvfp4.config import PRECISIONS
 from ..sampler.vllm_utils import finish_sampler_checkpoint, inspect_kernels, start_llm
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["BACKENDS", "PRECISIONS", "TransformersBackend", "VLLMBackend", "make_backend"]
 
 BACKENDS = ("vllm", "transformers")
-PRECISIONS = ("bf16", "nvfp4")
 
 
 def _check(precision: str) -> None:

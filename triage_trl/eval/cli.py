@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..nvfp4.config import PRECISIONS
 from .benchmarks import BENCHMARKS
 
 DEFAULT_BENCHMARKS = ",".join(BENCHMARKS)
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS, help=f"comma-separated, from: {DEFAULT_BENCHMARKS}")
     p.add_argument("--data-dir", default=None,
                    help="folder of <benchmark>/test.jsonl (like ../shared/data); omit to load the Hub datasets")
-    p.add_argument("--precision", choices=("bf16", "nvfp4"), default="bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
     p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

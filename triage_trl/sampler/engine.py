@@ -40,6 +40,7 @@ import torch
 from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
+from ..nvfp4.config import PRECISIONS
 from .vllm_utils import (
     SAMPLER_DTYPE,
     check_comparable_sampling,
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration", "check_comparable_sampling"]
 
-SAMPLER_PRECISIONS = ("bf16", "nvfp4")
+SAMPLER_PRECISIONS = PRECISIONS
 
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..nvfp4.config import NVFP4Config
 from ..sampler.vllm_utils import check_comparable_sampling
 from ..triage_config import TriageConfig
 
-PRECISIONS = ("bf16", "nvfp4")
 # Loss types whose per-token policy-gradient term TRIAGE can weight through TRL's importance-sampling hook, and
 # whose aggregation the spec keeps unchanged (spec step 8).
 TRIAGE_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
@@ -27,34 +27,13 @@ SYNC_PROBE_DEFAULT_MIXED_PRECISION = 0.5
 
 
 @dataclass
-class TriageGRPOConfig(GRPOConfig, TriageConfig):
+class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
     r"""
     Configuration of [`TriageGRPOTrainer`]: every [`~trl.GRPOConfig`] field, the `triage_*` fields of
-    [`triage_trl.TriageConfig`], and the NVFP4 settings below.
+    [`triage_trl.TriageConfig`], the engine precisions and NVFP4 settings of
+    [`triage_trl.nvfp4.config.NVFP4Config`], and the settings below.
 
     Parameters:
-        learner_precision (`str`, *optional*, defaults to `"bf16"`):
-            `"nvfp4"` swaps the learner's decoder linear layers for NVFP4 W4A4 layers before training.
-        sampler_precision (`str`, *optional*, defaults to `"bf16"`):
-            `"nvfp4"` serves the policy to the colocated vLLM sampler as a compressed-tensors NVFP4 checkpoint.
-        nvfp4_keep_first_blocks (`int`, *optional*, defaults to `0`):
-            Number of first decoder blocks kept in bf16 (learner and sampler).
-        nvfp4_keep_last_blocks (`int`, *optional*, defaults to `0`):
-            Number of last decoder blocks kept in bf16 (learner and sampler).
-        nvfp4_exclude_patterns (`list[str]` or `None`, *optional*):
-            Regular expressions of module names kept in bf16 (e.g. MoE router gates). `None`: the NVFP4 module's
-            defaults.
-        nvfp4_learner_scales (`str` or `None`, *optional*):
-            Per-tensor scales of the emulated NVFP4 learner layers: `"sampler"` mirrors the NVFP4 sampler's
-            checkpoint (power-of-two weight scales shared within vLLM-fused q/k/v and gate/up groups, the sampler's
-            static calibrated activation scales, pushed after every sync); `"dynamic"` is torchao's recipe (scales
-            from each operand's amax). `None`: `"sampler"` when both run in NVFP4, else `"dynamic"`.
-        nvfp4_emulation_dtype (`str`, *optional*, defaults to `"bf16"`):
-            GEMM dtype of the emulated NVFP4 learner layers (`"bf16"`, as vLLM's NVFP4 emulation, or `"fp32"`).
-        nvfp4_recalibrate_every_sync (`bool`, *optional*, defaults to `False`):
-            Recalibrate the sampler's static activation scales at every sync instead of once at start.
-        nvfp4_calibration_prompts (`int`, *optional*, defaults to `16`):
-            Number of training prompts used to calibrate the NVFP4 sampler's input global scales.
         sync_probe_max_gap (`float` or `None`, *optional*):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
             sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it the trainer
@@ -66,67 +45,6 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
             TRL's correction in the loss and TRIAGE only measures.
     """
 
-    learner_precision: str = field(
-        default="bf16",
-        metadata={
-            "help": "Learner forward precision: `bf16`, or `nvfp4` (decoder linear layers swapped for NVFP4 W4A4 "
-            "layers before training).",
-            "choices": list(PRECISIONS),
-        },
-    )
-    sampler_precision: str = field(
-        default="bf16",
-        metadata={
-            "help": "Colocated vLLM sampler precision: `bf16`, or `nvfp4` (served from a compressed-tensors NVFP4 "
-            "checkpoint, re-quantised from the learner after every optimizer step).",
-            "choices": list(PRECISIONS),
-        },
-    )
-    nvfp4_keep_first_blocks: int = field(
-        default=0,
-        metadata={"help": "Number of first decoder blocks kept in bf16 in NVFP4 runs; >= 0."},
-    )
-    nvfp4_keep_last_blocks: int = field(
-        default=0,
-        metadata={"help": "Number of last decoder blocks kept in bf16 in NVFP4 runs; >= 0."},
-    )
-    nvfp4_exclude_patterns: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Regular expressions of module names kept in bf16 in NVFP4 runs (e.g. MoE router gates). "
-            "Unset: the NVFP4 module's defaults."
-        },
-    )
-    nvfp4_learner_scales: str | None = field(
-        default=None,
-        metadata={
-            "help": "Per-tensor scales of the emulated NVFP4 learner layers: `sampler` (the sampler checkpoint's "
-            "power-of-two weight scales shared within fused groups and its static calibrated activation scales) or "
-            "`dynamic` (torchao's amax recipe). Unset: `sampler` when learner and sampler are both NVFP4, else "
-            "`dynamic`.",
-            "choices": ["sampler", "dynamic"],
-        },
-    )
-    nvfp4_emulation_dtype: str = field(
-        default="bf16",
-        metadata={
-            "help": "GEMM dtype of the emulated NVFP4 learner layers: `bf16` (what vLLM's NVFP4 emulation does; "
-            "exact for the dequantised operands with power-of-two scales) or `fp32`.",
-            "choices": ["bf16", "fp32"],
-        },
-    )
-    nvfp4_recalibrate_every_sync: bool = field(
-        default=False,
-        metadata={
-            "help": "Recalibrate the NVFP4 sampler's static activation scales at every weight sync. Default: "
-            "calibrate once at start, as a deployed static-scale checkpoint does (a sync that changes no weight then "
-            "changes no sampler output)."
-        },
-    )
-    nvfp4_calibration_prompts: int = field(
-        default=16,
-        metadata={"help": "Number of training prompts that calibrate the NVFP4 sampler's input global scales; >= 1."},
-    )
     sync_probe_max_gap: float | None = field(
         default=None,
         metadata={
@@ -174,49 +92,11 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig):
         return SYNC_PROBE_DEFAULT_MIXED_PRECISION
 
     def nvfp4_settings(self) -> dict:
-        """The precision and NVFP4 fields as a plain dict (for logs and model cards)."""
-        names = (
-            "learner_precision",
-            "sampler_precision",
-            "nvfp4_keep_first_blocks",
-            "nvfp4_keep_last_blocks",
-            "nvfp4_exclude_patterns",
-            "nvfp4_learner_scales",
-            "nvfp4_emulation_dtype",
-            "nvfp4_calibration_prompts",
-            "nvfp4_recalibrate_every_sync",
-        )
-        settings = {name: getattr(self, name) for name in names}
-        settings["sync_probe_max_gap"] = self.resolved_sync_probe_max_gap
-        return settings
+        """The precision and NVFP4 fields plus the sync-probe bound, defaults resolved (for logs and model cards)."""
+        return {**NVFP4Config.nvfp4_settings(self), "sync_probe_max_gap": self.resolved_sync_probe_max_gap}
 
     def _validate_nvfp4(self) -> None:
-        for name in ("learner_precision", "sampler_precision"):
-            if getattr(self, name) not in PRECISIONS:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be 'bf16' or 'nvfp4'.")
-        for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= 0.")
-        if self.nvfp4_learner_scales is None:
-            both = self.learner_precision == "nvfp4" and self.sampler_precision == "nvfp4"
-            self.nvfp4_learner_scales = "sampler" if both else "dynamic"
-        if self.nvfp4_learner_scales not in ("sampler", "dynamic"):
-            raise ValueError(
-                f"nvfp4_learner_scales={self.nvfp4_learner_scales!r} is invalid: it must be 'sampler' or 'dynamic'."
-            )
-        if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
-            raise ValueError(
-                "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="
-                f"{self.sampler_precision!r}: set sampler_precision='nvfp4', or nvfp4_learner_scales='dynamic'."
-            )
-        if self.nvfp4_emulation_dtype not in ("bf16", "fp32"):
-            raise ValueError(
-                f"nvfp4_emulation_dtype={self.nvfp4_emulation_dtype!r} is invalid: it must be 'bf16' or 'fp32'."
-            )
-        value = self.nvfp4_calibration_prompts
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"nvfp4_calibration_prompts={value!r} is out of range: it must be an integer >= 1.")
+        self.validate_nvfp4()
         if self.sync_probe_max_gap is not None and not self.sync_probe_max_gap > 0:
             raise ValueError(
                 f"sync_probe_max_gap={self.sync_probe_max_gap!r} is out of range: it must be > 0 (nats), or unset "

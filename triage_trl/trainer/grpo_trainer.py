@@ -162,7 +162,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         options = {
             "keep_first_blocks": args.nvfp4_keep_first_blocks,
             "keep_last_blocks": args.nvfp4_keep_last_blocks,
-            "scales": args.nvfp4_learner_scales,
+            "scales": args.resolved_nvfp4_learner_scales,
             "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
         }
         if args.nvfp4_exclude_patterns is not None:  # else the NVFP4 module's defaults (MoE router gates)
@@ -214,7 +214,7 @@ class TriageGRPOTrainer(GRPOTrainer):
     def _push_sampler_scales(self) -> None:
         """With ``nvfp4_learner_scales="sampler"``: give the learner the activation scales the sampler was just
         calibrated with (the NVFP4 export recalibrates them at every sync)."""
-        if self.nvfp4_learner_report is None or self.args.nvfp4_learner_scales != "sampler":
+        if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
         from ..nvfp4.learner import set_sampler_input_scales
 

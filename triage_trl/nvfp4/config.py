@@ -1,0 +1,133 @@
+"""``NVFP4Config``: the precision of each engine and the NVFP4 settings shared by the learner and the sampler.
+
+No TRL import: ``TriageGRPOConfig`` inherits these fields next to TRL's ``GRPOConfig`` and the ``triage_*`` fields.
+The learner conversion, the sampler's checkpoint export and the model card all read the same fields, so the two
+engines cannot be configured apart. What each setting means numerically is in ``docs/nvfp4.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+Precision = Literal["bf16", "nvfp4"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+LearnerScales = Literal["sampler", "dynamic"]
+EmulationDtype = Literal["bf16", "fp32"]
+
+
+@dataclass
+class NVFP4Config:
+    """Engine precisions and NVFP4 settings (learner and sampler). Validated by :meth:`validate_nvfp4`.
+
+    Raises:
+        ValueError: a field is outside its allowed values; the message names the field, the value and the remedy.
+    """
+
+    learner_precision: Precision = field(
+        default="bf16",
+        metadata={
+            "help": "Learner forward precision: `bf16`, or `nvfp4` (decoder linear layers swapped for NVFP4 W4A4 "
+            "layers before training)."
+        },
+    )
+    sampler_precision: Precision = field(
+        default="bf16",
+        metadata={
+            "help": "Colocated vLLM sampler precision: `bf16`, or `nvfp4` (served from a compressed-tensors NVFP4 "
+            "checkpoint, re-quantised from the learner after every optimizer step)."
+        },
+    )
+    nvfp4_keep_first_blocks: int = field(
+        default=0,
+        metadata={"help": "Number of first decoder blocks kept in bf16 in NVFP4 runs (learner and sampler); >= 0."},
+    )
+    nvfp4_keep_last_blocks: int = field(
+        default=0,
+        metadata={"help": "Number of last decoder blocks kept in bf16 in NVFP4 runs (learner and sampler); >= 0."},
+    )
+    nvfp4_exclude_patterns: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Regular expressions (re.search on Hugging Face module names) of linear layers kept in bf16 in "
+            "NVFP4 runs, learner and sampler alike. Unset: none beyond the layers never quantised (embeddings, "
+            "lm_head, MoE routers)."
+        },
+    )
+    nvfp4_learner_scales: LearnerScales | None = field(
+        default=None,
+        metadata={
+            "help": "Per-tensor scales of the emulated NVFP4 learner layers: `sampler` (the sampler checkpoint's "
+            "power-of-two weight scales shared within fused groups and its static calibrated activation scales) or "
+            "`dynamic` (torchao's amax recipe). Unset: `sampler` when learner and sampler are both NVFP4, else "
+            "`dynamic`."
+        },
+    )
+    nvfp4_emulation_dtype: EmulationDtype = field(
+        default="bf16",
+        metadata={
+            "help": "GEMM dtype of the emulated NVFP4 learner layers: `bf16` (what vLLM's NVFP4 emulation does; "
+            "exact for the dequantised operands with power-of-two scales) or `fp32`."
+        },
+    )
+    nvfp4_recalibrate_every_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "Recalibrate the NVFP4 sampler's static activation scales at every weight sync. Default: "
+            "calibrate once at start, as a deployed static-scale checkpoint does (a sync that changes no weight then "
+            "changes no sampler output)."
+        },
+    )
+    nvfp4_calibration_prompts: int = field(
+        default=16,
+        metadata={"help": "Number of training prompts that calibrate the NVFP4 sampler's input global scales; >= 1."},
+    )
+
+    def validate_nvfp4(self) -> None:
+        """Check the precision and NVFP4 fields (never changes them).
+
+        Raises:
+            ValueError: naming the first bad field.
+        """
+        for name in ("learner_precision", "sampler_precision"):
+            _choice(name, getattr(self, name), PRECISIONS)
+        for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
+            _integer_at_least(name, getattr(self, name), 0)
+        _integer_at_least("nvfp4_calibration_prompts", self.nvfp4_calibration_prompts, 1)
+        if self.nvfp4_learner_scales is not None:
+            _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
+        _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
+        if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
+            raise ValueError(
+                "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="
+                f"{self.sampler_precision!r}: set sampler_precision='nvfp4', or nvfp4_learner_scales='dynamic'."
+            )
+
+    @property
+    def uses_nvfp4(self) -> bool:
+        """Whether either engine runs NVFP4."""
+        return "nvfp4" in (self.learner_precision, self.sampler_precision)
+
+    @property
+    def resolved_nvfp4_learner_scales(self) -> str:
+        """``nvfp4_learner_scales``, or its default: ``"sampler"`` when both engines run NVFP4, else ``"dynamic"``."""
+        if self.nvfp4_learner_scales is not None:
+            return self.nvfp4_learner_scales
+        both = self.learner_precision == "nvfp4" and self.sampler_precision == "nvfp4"
+        return "sampler" if both else "dynamic"
+
+    def nvfp4_settings(self) -> dict:
+        """The precision and NVFP4 fields as a plain dict, defaults resolved (for logs and model cards)."""
+        settings = {name: getattr(self, name) for name in NVFP4Config.__dataclass_fields__}
+        settings["nvfp4_learner_scales"] = self.resolved_nvfp4_learner_scales
+        return settings
+
+
+def _choice(name, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is invalid: it must be one of {', '.join(map(repr, allowed))}.")
+
+
+def _integer_at_least(name, value, lo) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")
