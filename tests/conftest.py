@@ -7,18 +7,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def in_process_vllm():
-    """The environment every vLLM engine of the test session runs in: the engine core in this process
-    (needed for the one-call weight sync and the CPU NVFP4 kernel) and a 1 GiB KV cache. Engines are
-    started with ``triage_trl.sampler.vllm_utils.start_llm``, which gives torch its threads back."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    """The process settings every vLLM engine of the test session runs in (``triage_trl.runtime``): the engine core
+    in this process (the one-call weight sync and the CPU NVFP4 kernel need it), a 1 GiB KV cache, torch's threads
+    given back after each engine start; restored at the end of the session."""
+    from triage_trl.runtime import vllm_process_settings
+
+    with vllm_process_settings(cpu_kv_cache_gib=1):
+        yield
 
 
 # --- trainer fixtures ---
@@ -76,19 +71,15 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
 
     Yields a namespace: ``llm`` (``vllm.LLM``), ``hf_dir`` (the bf16 model it was exported from;
     its ``lm_head`` is scaled x20 so greedy log-probs are far from uniform), ``ckpt_dir`` and
-    ``input_global_scales``. Registers vLLM's ``EmulationNvFp4LinearKernel`` for the CPU platform
-    (vLLM's own kernel, unless a faster one registered earlier in the session comes first).
+    ``input_global_scales``. The engine runs vLLM's own ``EmulationNvFp4LinearKernel`` (the reference).
     """
     from types import SimpleNamespace
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, register_linear_kernel
-    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
-    from vllm.platforms import PlatformEnum
 
     from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
-    from triage_trl.sampler.vllm_utils import start_llm
+    from triage_trl.sampler.vllm_engine import start_engine
     from triage_trl.testing import save_tiny_qwen3
 
     root = tmp_path_factory.mktemp("nvfp4-vllm")
@@ -103,9 +94,7 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     prompts = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
     scales = calibrate_input_global_scales(model, tok, prompts)
     ckpt_dir = save_nvfp4_checkpoint(model, tok, root / "nvfp4", scales)
-    if EmulationNvFp4LinearKernel not in _POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, []):
-        register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
-    llm = start_llm(model=str(ckpt_dir), max_model_len=512, enforce_eager=True, dtype="bfloat16", seed=0)
+    llm, _ = start_engine(ckpt_dir, "nvfp4", nvfp4_cpu_kernel="emulation", max_model_len=512, seed=0)
     yield SimpleNamespace(llm=llm, hf_dir=hf_dir, ckpt_dir=ckpt_dir, input_global_scales=scales)
     del llm
 # --- end nvfp4 fixtures ---

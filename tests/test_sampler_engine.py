@@ -1,4 +1,4 @@
-"""TriageVLLMGeneration on the vLLM CPU build: start, one-call sync, probe scoring, sampling checks.
+"""TriageVLLMGeneration on the vLLM CPU build: start, one-call sync, probe scoring.
 
 Probe gap = mean |learner - sampler| log-prob over the probe's scored tokens (nats), learner in bf16 (transformers).
 Measured on this CPU (tiny Qwen3, see the ``triage_samplers`` fixture):
@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from triage_trl.sampler.engine import TriageVLLMGeneration, check_comparable_sampling  # noqa: E402
+from triage_trl.sampler.engine import TriageVLLMGeneration  # noqa: E402
 
 PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
 GAP_BOUND = {"bf16": 0.03, "nvfp4": 0.3}
@@ -54,32 +54,12 @@ def restore(model, deltas):
             p.sub_(deltas[name])
 
 
+def model_runner(gen):
+    """The in-process vLLM model runner of a sampler (tests look inside the engine)."""
+    return gen.llm.llm_engine.model_executor.driver_worker.model_runner
+
+
 # ---------------------------------------------------------------- fast: settings refused before any engine starts
-
-
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        ({"temperature": 0.0}, "temperature"),
-        ({"temperature": 1.0, "repetition_penalty": 1.1}, "repetition_penalty"),
-        ({"temperature": 1.0, "top_k": 50}, "top_k"),
-        ({"temperature": 1.0, "top_p": 0.9}, "top_p"),
-        ({"temperature": 1.0, "min_p": 0.05}, "min_p"),
-        ({"temperature": 1.0, "generation_kwargs": {"presence_penalty": 0.5}}, "presence_penalty"),
-        ({"temperature": 1.0, "generation_kwargs": {"logit_bias": {3: 1.0}}}, "logit_bias"),
-        ({"temperature": 1.0, "generation_kwargs": {"min_tokens": 4}}, "min_tokens"),
-        ({"temperature": 1.0, "generation_kwargs": {"top_k": 20}}, "top_k"),
-        ({"temperature": 1.0, "structured_outputs_regex": "[0-9]+"}, "structured_outputs"),
-    ],
-)
-def test_incomparable_sampling_settings_are_refused(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        check_comparable_sampling(**kwargs)
-
-
-def test_plain_temperature_sampling_is_accepted():
-    check_comparable_sampling(temperature=0.7, top_k=-1, min_p=None, generation_kwargs={"seed": 1, "ignore_eos": True})
-    check_comparable_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +68,6 @@ def test_plain_temperature_sampling_is_accepted():
         ({"sampler_precision": "fp8", "checkpoint_dir": "x"}, "sampler_precision"),
         ({"sampler_precision": "bf16", "checkpoint_dir": "x", "mode": "server"}, "colocate"),
         ({"sampler_precision": "nvfp4", "checkpoint_dir": "x"}, "calibration_prompts"),
-        ({"sampler_precision": "bf16", "checkpoint_dir": "x", "top_k": 10}, "top_k"),
         ({"sampler_precision": "bf16"}, "checkpoint_dir"),
     ],
 )
@@ -172,7 +151,7 @@ def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
 @pytest.mark.slow
 def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
     s = triage_samplers("bf16")
-    runner = s.gen._model_runner()
+    runner = model_runner(s.gen)
     calls = []
     original = runner.reload_weights
 
@@ -190,7 +169,7 @@ def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
     finally:
         restore(s.model, deltas)
         s.gen.sync_weights()
-    assert len(calls) == 2 and all(kw == {"is_checkpoint_format": True} for _, kw in calls)
+    assert len(calls) == 2 and all(kw == {"is_checkpoint_format": True} for _, kw in calls)  # one call per sync
     names, _ = calls[0]
     assert names == {n for n, _ in s.model.named_parameters()}
     assert gap <= GAP_BOUND["bf16"]
@@ -207,7 +186,7 @@ def test_nvfp4_reload_refreshes_fast_kernel_cache(triage_samplers):
     from triage_trl.sampler.cpu_kernel import FastCpuNvFp4LinearKernel
 
     s = triage_samplers("nvfp4")
-    layers = [m for m in s.gen._model_runner().model.modules() if hasattr(m, "nvfp4_dequantised")]
+    layers = [m for m in model_runner(s.gen).model.modules() if hasattr(m, "nvfp4_dequantised")]
     assert len(layers) == 8
     before = [layer.nvfp4_dequantised.weight.clone() for layer in layers]
     count = FastCpuNvFp4LinearKernel.dequantisations

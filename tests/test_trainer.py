@@ -3,7 +3,7 @@
 The real vLLM sampler is exercised in tests/test_trainer_vllm.py (slow). Here, ``FakeSampler`` takes the place of
 ``TriageVLLMGeneration`` through the trainer's one sampler seam (``_sampler_factory``): it samples with a copy of
 the policy loaded from disk, returns processed log-probs (after temperature) plus an optional offset, and copies
-the learner's weights on ``sync_weights``, like the real sampler.
+the learner's weights on ``sync_weights`` and then runs ``on_sync`` (the trainer's probe), like the real sampler.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class FakeSampler:
         self.policy = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
         self.eos = processing_class.eos_token_id
         self.syncs = 0
+        self.on_sync = None
+        self.kernel_report = {}
 
     def sync_weights(self):
         model = self.model
@@ -49,6 +51,8 @@ class FakeSampler:
             state = model.state_dict()
         self.policy.load_state_dict(state)
         self.syncs += 1
+        if self.on_sync is not None:
+            self.on_sync()
 
     @torch.no_grad()
     def _logps(self, ids: list[int]) -> torch.Tensor:
@@ -76,7 +80,14 @@ class FakeSampler:
 
 @pytest.fixture
 def fake_sampler(monkeypatch):
-    monkeypatch.setattr(TriageGRPOTrainer, "_sampler_factory", lambda self, args, *rest: FakeSampler)
+    def factory(self, args, train_dataset, built):
+        def make(*a, **kw):
+            built.append(FakeSampler(*a, **kw))
+            return built[-1]
+
+        return make if args.use_vllm else None
+
+    monkeypatch.setattr(TriageGRPOTrainer, "_sampler_factory", factory)
     FakeSampler.logprob_offset = 0.0
     return FakeSampler
 
@@ -122,8 +133,8 @@ def _trainer(cls, tmp_path, model_dir, **overrides):
 def _batch(trainer, *, seed=0, sampler_shift=None):
     """A hand-built micro-batch with ragged completions, newline tokens and rollout-time learner log-probs."""
     g = torch.Generator().manual_seed(seed)
-    vocab = len(trainer._tokenizer)
-    newline = trainer._tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    vocab = len(trainer.processing_class)
+    newline = trainer.processing_class("\n", add_special_tokens=False)["input_ids"][0]
     completion_ids = torch.randint(10, vocab, (B, T), generator=g)
     completion_ids[:, 3] = newline
     completion_mask = torch.ones(B, T, dtype=torch.long)
@@ -152,7 +163,7 @@ def _batch(trainer, *, seed=0, sampler_shift=None):
 
 def _loss_and_grads(trainer, inputs):
     trainer.model.zero_grad()
-    loss = trainer._compute_loss(trainer.model, dict(inputs))
+    loss = trainer.compute_loss(trainer.model, dict(inputs))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return loss.detach(), grads
@@ -184,10 +195,14 @@ def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_pat
         ({"top_p": 0.9}, ValueError, "top_p=0.9"),
         ({"top_k": 20}, ValueError, "top_k=20"),
         ({"repetition_penalty": 1.1}, ValueError, "repetition_penalty"),
-        ({"generation_kwargs": {"min_p": 0.1}}, ValueError, "min_p=0.1"),
+        ({"generation_kwargs": {"min_p": 0.1}}, ValueError, "set `min_p` instead"),
+        ({"generation_kwargs": {"presence_penalty": 0.5}}, ValueError, "presence_penalty=0.5"),
         ({"learner_precision": "fp8"}, ValueError, "learner_precision"),
-        ({"sampler_precision": "nvfp4"}, ValueError, "use_vllm=True"),
-        ({"sampler_precision": "nvfp4", "use_vllm": True, "vllm_mode": "server"}, ValueError, "colocate"),
+        ({"sampler_precision": "nvfp4", "triage_mode": "off"}, ValueError, "use_vllm=True"),
+        ({"sampler_precision": "nvfp4", "vllm_mode": "server"}, NotImplementedError, "colocate"),
+        ({"generation_kwargs": {"temperature": 0.5}}, ValueError, "set `temperature` instead"),
+        ({"generation_kwargs": {"logprobs": 5}}, ValueError, "'logprobs'"),
+        ({"triage_mode": "off", "use_vllm": True, "top_p": 0.9}, ValueError, "TRL's vLLM importance-sampling correction"),
         ({"nvfp4_keep_first_blocks": -1}, ValueError, "nvfp4_keep_first_blocks"),
         ({"nvfp4_calibration_prompts": 0}, ValueError, "nvfp4_calibration_prompts"),
         ({"nvfp4_learner_scales": "sampler"}, ValueError, "nvfp4_learner_scales='dynamic'"),
@@ -205,18 +220,21 @@ def test_config_validation_errors(tmp_path, overrides, error, match):
 def test_config_allows_trl_correction_in_diagnose_and_any_loss_when_off(tmp_path):
     diag = _args(TriageGRPOConfig, tmp_path, triage_mode="diagnose", vllm_importance_sampling_correction=True)
     assert diag.vllm_importance_sampling_correction is True
-    off = _args(TriageGRPOConfig, tmp_path, triage_mode="off", loss_type="cispo", top_p=0.9)
-    assert off.loss_type == "cispo"
+    off = _args(TriageGRPOConfig, tmp_path, triage_mode="off", loss_type="cispo", use_vllm=True, top_p=0.9,
+                vllm_importance_sampling_correction=False)
+    assert off.loss_type == "cispo" and not off.uses_trl_is_hook
 
 
-def test_trainer_needs_sampler_logprobs_at_init(tmp_path, tiny_qwen3_dir):
+def test_triage_needs_the_vllm_sampler_and_turns_it_on_by_default(tmp_path):
     with pytest.raises(ValueError, match="use_vllm=True"):
-        _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir)
+        _args(TriageGRPOConfig, tmp_path, use_vllm=False)
+    assert _args(TriageGRPOConfig, tmp_path).use_vllm is True  # TRL's quickstart call needs no use_vllm
+    assert _args(TriageGRPOConfig, tmp_path, triage_mode="off").use_vllm is False  # TRL's default
 
 
-def test_trainer_refuses_rollout_func_without_vllm(tmp_path, tiny_qwen3_dir):
+def test_trainer_refuses_rollout_func(tmp_path, tiny_qwen3_dir):
     args = _args(TriageGRPOConfig, tmp_path)
-    with pytest.raises(NotImplementedError, match="use_vllm=True"):
+    with pytest.raises(NotImplementedError, match="rollout_func"):
         TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset(),
                           rollout_func=lambda prompts, trainer: {})
 
@@ -229,7 +247,7 @@ def test_diagnose_keeps_trl_correction_when_asked(tmp_path, tiny_qwen3_dir, fake
     ones, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.ones(B, T)})
     twos, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.full((B, T), 2.0)})
     torch.testing.assert_close(twos, 2 * ones, rtol=1e-6, atol=0)
-    assert math.isfinite(trainer._metrics["train"]["triage/gap_abs_mean"][-1])
+    assert math.isfinite(trainer.triage_history[-1]["gap_abs_mean"])
 
 
 def test_trainer_refuses_plain_grpo_config(tmp_path, tiny_qwen3_dir):
@@ -252,7 +270,7 @@ def test_diagnose_equals_plain_grpo_loss_and_gradients(tmp_path, tiny_qwen3_dir,
     for name in grads_t:
         assert torch.equal(grads_t[name], grads_p[name]), name
     for name in METRIC_NAMES:  # diagnose still measures everything
-        assert math.isfinite(triage._metrics["train"][f"triage/{name}"][-1]), name
+        assert math.isfinite(triage.triage_history[-1][name]), name
 
 
 def test_off_mode_is_plain_grpo(tmp_path, tiny_qwen3_dir, fake_sampler):
@@ -261,7 +279,7 @@ def test_off_mode_is_plain_grpo(tmp_path, tiny_qwen3_dir, fake_sampler):
     plain = _trainer(GRPOConfig, tmp_path / "p", tiny_qwen3_dir)
     inputs = _batch(triage)
     assert torch.equal(_loss_and_grads(triage, inputs)[0], _loss_and_grads(plain, inputs)[0])
-    assert not any(k.startswith("triage/") for k in triage._metrics["train"])
+    assert triage.triage_history == [] and triage.triage_metrics.pop("train") == {}
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
@@ -273,8 +291,8 @@ def test_full_mode_scales_loss_by_the_repair_weight(tmp_path, tiny_qwen3_dir, fa
     inputs = _batch(full, sampler_shift=torch.full((B, T), math.log(2.0) + math.log(1.5)))
     loss_f, grads_f = _loss_and_grads(full, inputs)
     loss_d, grads_d = _loss_and_grads(diag, inputs)
-    assert full._metrics["train"]["triage/weight_min"][-1] == pytest.approx(1.5, rel=1e-6)
-    assert full._metrics["train"]["triage/weight_max"][-1] == pytest.approx(1.5, rel=1e-6)
+    assert full.triage_history[-1]["weight_min"] == pytest.approx(1.5, rel=1e-6)
+    assert full.triage_history[-1]["weight_max"] == pytest.approx(1.5, rel=1e-6)
     torch.testing.assert_close(loss_f, 1.5 * loss_d, rtol=1e-6, atol=0)
     for name in grads_d:
         scale = float(grads_d[name].abs().max())  # float32 cancellation: tolerance relative to the tensor's scale
@@ -303,19 +321,21 @@ def test_metrics_present_finite_and_nonfinite_sampler_counted(tmp_path, tiny_qwe
     inputs["sampling_per_token_logps"][2, 0] = float("-inf")
     loss, _ = _loss_and_grads(trainer, inputs)
     assert math.isfinite(float(loss))
-    metrics = trainer._metrics["train"]
+    assert len(trainer.triage_history) == 1
+    metrics = trainer.triage_history[0]
     for name in METRIC_NAMES:
-        assert len(metrics[f"triage/{name}"]) == 1 and math.isfinite(metrics[f"triage/{name}"][0]), name
-    assert metrics["triage/nonfinite_sampler_frac"][0] == pytest.approx(2 / int(inputs["completion_mask"].sum()))
-    assert metrics["triage/weight_max"][0] == pytest.approx(2.0)  # saturated repair C for NaN/-inf
+        assert math.isfinite(metrics[name]), name
+    assert metrics["nonfinite_sampler_frac"] == pytest.approx(2 / int(inputs["completion_mask"].sum()))
+    logged = trainer.triage_metrics.pop("train")
+    assert logged["triage/nonfinite_sampler_frac"] == metrics["nonfinite_sampler_frac"]
 
 
 def test_missing_sampler_logprobs_error_names_the_fix(tmp_path, tiny_qwen3_dir, fake_sampler):
     trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
     inputs = _batch(trainer)
     del inputs["sampling_per_token_logps"]
-    with pytest.raises(ValueError, match="use_vllm=True.*rollout_func"):
-        trainer._compute_loss(trainer.model, inputs)
+    with pytest.raises(ValueError, match="sampling_per_token_logps.*use_vllm=True"):
+        trainer.compute_loss(trainer.model, inputs)
 
 
 def test_trl_ratio_never_reaches_the_loss(tmp_path, tiny_qwen3_dir, fake_sampler):
@@ -325,8 +345,9 @@ def test_trl_ratio_never_reaches_the_loss(tmp_path, tiny_qwen3_dir, fake_sampler
     clean, _ = _loss_and_grads(trainer, inputs)
     stray, _ = _loss_and_grads(trainer, {**inputs, "importance_sampling_ratio": torch.full((B, T), 3.0)})
     assert torch.equal(clean, stray)
-    assert trainer.vllm_importance_sampling_clip_min == trainer.vllm_importance_sampling_clip_max == 1.0
-    assert trainer.args.vllm_importance_sampling_correction is False
+    # One source of truth: the hook TRL's loss reads is the config's property; TRL's own ratio is off in the args.
+    assert trainer.vllm_importance_sampling_correction is trainer.args.uses_trl_is_hook is True
+    assert trainer.args.vllm_importance_sampling_correction is False and trainer.args.triage_replaces_trl_ratio
 
 
 # ---------------------------------------------------------------------------------------------- training loop
@@ -358,18 +379,36 @@ def test_training_steps_with_stand_in_sampler(tmp_path, tiny_qwen3_dir, fake_sam
     assert "Kernels that ran" in card
 
 
-def test_skipped_sync_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
-    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3,
-                       learning_rate=5e-2, sync_probe_max_gap=1e-3)
+def test_skipped_sync_is_caught_before_the_batch_trains(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3, learning_rate=5e-2)
     first = trainer.vllm_generation.sync_weights
     calls = {"n": 0}
 
-    def sync_once():  # the first sync works, every later one is "skipped"
+    def sync_once():  # the first sync works, every later one is skipped entirely (no reload, no probe)
         calls["n"] += 1
         if calls["n"] == 1:
             first()
 
     trainer.vllm_generation.sync_weights = sync_once
+    with pytest.raises(StaleSamplerError, match="at step 1 without a weight sync since step 0"):
+        trainer.train()
+    assert trainer.state.global_step == 1 and len(trainer.sync_probe_gaps) == 1
+
+
+def test_sync_that_loads_nothing_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3,
+                       learning_rate=5e-2, sync_probe_max_gap=1e-3)
+    sampler = trainer.vllm_generation
+    real_sync = sampler.sync_weights
+    calls = {"n": 0}
+
+    def reload_that_does_nothing():  # the first sync loads the weights; later ones only report success
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_sync()
+        sampler.on_sync()
+
+    sampler.sync_weights = reload_that_does_nothing
     with pytest.raises(StaleSamplerError, match="stale"):
         trainer.train()
     assert trainer.sync_probe_gaps[0] < 1e-4 and trainer.sync_probe_gaps[-1] > 1e-3
@@ -426,7 +465,12 @@ def test_lora_on_nvfp4_learner_trains_two_steps(tmp_path, tiny_qwen3_dir, fake_s
     assert len(trainer.sync_probe_gaps) == 2 and all(g < 0.5 for g in trainer.sync_probe_gaps)
 
 
-def test_sampler_is_seeded_with_the_run_seed(tmp_path):
-    args = _args(TriageGRPOConfig, tmp_path, use_vllm=True, seed=7)
-    factory = TriageGRPOTrainer._sampler_factory(None, args, _dataset(), None, None)
-    assert factory.keywords["sampler_seed"] == 7
+def test_sampler_is_seeded_with_the_run_seed(tmp_path, monkeypatch):
+    import triage_trl.sampler.engine as engine
+
+    seen = {}
+    monkeypatch.setattr(engine, "TriageVLLMGeneration", lambda *a, **kw: seen.update(kw))
+    built = []
+    factory = TriageGRPOTrainer._sampler_factory(None, _args(TriageGRPOConfig, tmp_path, seed=7), _dataset(), built)
+    factory(None, None, None)
+    assert seen["sampler_seed"] == 7 and seen["calibration_prompts"] == _dataset()["prompt"][:16] and built == [None]

@@ -93,6 +93,8 @@ def triage_weights(
     mask: torch.Tensor,
     segment_ids: torch.Tensor,
     config: TriageConfig,
+    *,
+    zero_signal: torch.Tensor | None = None,
 ) -> TriageResult:
     """TRIAGE's per-token weights and metrics for one micro-batch (spec steps 1-7 and 9).
 
@@ -129,6 +131,8 @@ def triage_weights(
     sampler = sampler_logps.detach().float()
     adv = advantages.detach().float()
     adv = adv[:, None] if adv.dim() == 1 else adv  # (B, 1) broadcasts without a (B, T) copy
+    if zero_signal is not None:  # a group with no reward spread carries no update: its advantage is exactly 0
+        adv = adv * (~zero_signal.to(device=adv.device, dtype=torch.bool))[:, None]
     _check_finite_on_valid("old_logps (learner log-probs)", old, valid, "the learner's forward pass diverged")
     _check_finite_on_valid("advantages", adv, valid, "check the reward functions for NaN/inf rewards")
 

@@ -2,21 +2,16 @@
 
 Both take tokenised prompts and return decoded completions, ``n`` per prompt:
 
-* :class:`VLLMBackend` - ``vllm.LLM`` in this process. ``precision="nvfp4"`` serves the same
-  compressed-tensors ``nvfp4-pack-quantized`` checkpoint the TRIAGE sampler serves: activation
-  global scales from ``triage_trl.nvfp4.export.calibrate_input_global_scales`` on calibration
-  prompts (the evaluator passes the first benchmark prompts), written by
-  ``triage_trl.nvfp4.export.save_nvfp4_checkpoint`` and cast like the sampler's
-  (``triage_trl.sampler.vllm_utils.finish_sampler_checkpoint``); on the vLLM CPU platform the layers run
-  ``triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`` (registered in-process, so
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required). The engine core runs in-process by default
-  (the variable is set to 0 when unset), as the sampler's does.
+* :class:`VLLMBackend` - ``vllm.LLM`` in this process, started by the project's one engine start
+  (``triage_trl.sampler.vllm_engine.start_engine``). ``precision="nvfp4"`` serves the same compressed-tensors
+  ``nvfp4-pack-quantized`` checkpoint the TRIAGE sampler serves (activation global scales calibrated on the first
+  benchmark prompts, written by ``write_engine_checkpoint``); on vLLM's CPU platform that needs the engine core in
+  this process: run inside ``triage_trl.runtime.vllm_process_settings()`` (``evaluate`` and ``triage-eval`` do).
 * :class:`TransformersBackend` - ``model.generate`` in bf16; ``precision="nvfp4"`` converts the
   decoder linears with ``triage_trl.nvfp4.learner.convert_to_nvfp4_learner`` (the learner's W4A4
   path: native on sm100 GPUs, exact emulation elsewhere).
 
-Greedy decoding is ``temperature=0``. Source: TRIAGE issue 6; the sampler start in
-``triage_trl/sampler/engine.py``.
+Greedy decoding is ``temperature=0``.
 """
 
 from __future__ import annotations
@@ -30,11 +25,11 @@ from pathlib import Path
 import torch
 
 from ..nvfp4.config import PRECISIONS
-from ..sampler.vllm_utils import finish_sampler_checkpoint, inspect_kernels, start_llm
+from ..sampler.vllm_engine import start_engine, write_engine_checkpoint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "PRECISIONS", "TransformersBackend", "VLLMBackend", "make_backend"]
+__all__ = ["BACKENDS", "PRECISIONS", "TransformersBackend", "VLLMBackend"]
 
 BACKENDS = ("vllm", "transformers")
 
@@ -67,8 +62,8 @@ class VLLMBackend:
         llm_kwargs: extra ``vllm.LLM`` arguments (override the defaults).
 
     Raises:
-        ValueError: unknown precision, nvfp4 without calibration prompts, or
-            ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` with nvfp4 on CPU (the fast kernel is registered in this process).
+        ValueError: unknown precision, nvfp4 without calibration prompts, or NVFP4 on CPU with the engine core in a
+            subprocess (see ``start_engine``).
     """
 
     name = "vllm"
@@ -86,54 +81,30 @@ class VLLMBackend:
         llm_kwargs: dict | None = None,
     ):
         _check(precision)
-        from vllm.platforms import current_platform
-
         self.precision = precision
         self._tmp = None
-        on_cpu = current_platform.is_cpu()
         served = model_path
-        # In-process engine core, as the TRIAGE sampler runs (and needed for the CPU NVFP4 kernel and the kernel
-        # report); an explicit VLLM_ENABLE_V1_MULTIPROCESSING=1 is respected for bf16.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if precision == "nvfp4":
             if not calibration_prompts:
                 raise ValueError("precision='nvfp4' needs calibration_prompts for the activation global scales.")
-            if on_cpu and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
-                raise ValueError(
-                    "NVFP4 on the vLLM CPU platform registers its kernel in this process: set "
-                    "VLLM_ENABLE_V1_MULTIPROCESSING=0 (or leave it unset)."
-                )
             served = str(self._export_nvfp4(model_path, tokenizer, calibration_prompts, checkpoint_dir))
-            if on_cpu:
-                from ..sampler.cpu_kernel import register_fast_cpu_nvfp4_kernel
-
-                register_fast_cpu_nvfp4_kernel()
-        kwargs = dict(
-            model=served, tokenizer=served, dtype=torch.bfloat16, max_model_len=max_model_len, seed=seed,
-            max_num_batched_tokens=max(4096, max_model_len),
+        self.llm, self.kernel_report = start_engine(
+            served, precision, seed=seed, max_model_len=max_model_len,
+            max_num_batched_tokens=max(4096, max_model_len), **(llm_kwargs or {}),
         )
-        if on_cpu:
-            kwargs["enforce_eager"] = True
-        kwargs.update(llm_kwargs or {})
-        self.llm = start_llm(**kwargs)
         self.served_path = served
-        if hasattr(self.llm.llm_engine, "model_executor"):
-            self.kernel_report = inspect_kernels(self.llm, precision, served)
-        else:
-            self.kernel_report = {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a "
-                                  "subprocess: VLLM_ENABLE_V1_MULTIPROCESSING=1)"}
 
     def _export_nvfp4(self, model_path, tokenizer, prompts, checkpoint_dir) -> Path:
-        from ..nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+        from ..nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
+
         if checkpoint_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="triage-eval-nvfp4-")
             checkpoint_dir = self._tmp.name
-        out = Path(checkpoint_dir)
         model = _load_hf_model(model_path)
         with torch.no_grad():
             scales = calibrate_input_global_scales(model, tokenizer, list(prompts))
-            save_nvfp4_checkpoint(model, tokenizer, out, scales)
-        finish_sampler_checkpoint(out)
+            out = write_engine_checkpoint(checkpoint_dir, "nvfp4", iter_nvfp4_checkpoint_weights(model, scales),
+                                          model.config, tokenizer, nvfp4_quantization_config(model))
         del model
         return out
 
@@ -214,16 +185,3 @@ class TransformersBackend:
             texts = self.tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
             out += [texts[i * n : (i + 1) * n] for i in range(len(batch))]
         return out
-
-
-def make_backend(name: str, model_path: str, **kwargs):
-    """Build ``VLLMBackend`` (``"vllm"``) or ``TransformersBackend`` (``"transformers"``) with ``kwargs``.
-
-    Raises:
-        ValueError: unknown backend name.
-    """
-    if name == "vllm":
-        return VLLMBackend(model_path, **kwargs)
-    if name == "transformers":
-        return TransformersBackend(model_path, **kwargs)
-    raise ValueError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")

@@ -15,6 +15,7 @@ Source: TRIAGE issue 6.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..answers import extract_answer, verify
+from ..runtime import vllm_process_settings
 from .benchmarks import BENCHMARKS, Problem, load_benchmark
 from .metrics import summarize
 from .prompting import build_messages, render_prompt
@@ -239,15 +241,16 @@ def evaluate(
     done = {b: (_read_records(out / "records" / f"{b}.jsonl") if out is not None else {}) for b in names}
     todo = {b: [i for i, p in enumerate(problems[b]) if p.id not in done[b]] for b in names}
 
-    if engine is None and any(todo.values()):
-        engine = _build_engine(backend, model_path, precision, tokenizer, problems, prompt_ids, todo,
-                               max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
-                               max_model_len=max_model_len, one_shot=one_shot)
-
-    results = EvalResults(config=config, engine_report=getattr(engine, "kernel_report", None))
-    for b in names:
-        results.benchmarks[b] = _run_benchmark(b, problems[b], prompt_ids[b], todo[b], done[b], engine, config, out,
-                                               chunk_size=chunk_size, progress=progress)
+    own_engine = engine is None and any(todo.values())
+    with vllm_process_settings() if own_engine and backend == "vllm" else contextlib.nullcontext():
+        if own_engine:
+            engine = _build_engine(backend, model_path, precision, tokenizer, problems, prompt_ids, todo,
+                                   max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
+                                   max_model_len=max_model_len, one_shot=one_shot)
+        results = EvalResults(config=config, engine_report=getattr(engine, "kernel_report", None))
+        for b in names:
+            results.benchmarks[b] = _run_benchmark(b, problems[b], prompt_ids[b], todo[b], done[b], engine, config,
+                                                   out, chunk_size=chunk_size, progress=progress)
     if out is not None:
         results.save(out)
     return results

@@ -154,9 +154,13 @@ def _make_gemm(weight: torch.Tensor):
     from vllm import _custom_ops as ops
 
     if getattr(ops, "_supports_onednn", False):
-        handler = ops.create_onednn_mm(weight.t(), 32)
-        # The handler reads ``weight``'s memory; the dataclass keeps ``weight`` alive with it.
-        return (lambda x2d: ops.onednn_mm(handler, x2d, None)), "onednn_mm"
+        try:
+            handler = ops.create_onednn_mm(weight.t(), 32)
+        except RuntimeError:  # no bf16 oneDNN primitive on this CPU (e.g. AVX2 only): vLLM falls back the same way
+            pass
+        else:
+            # The handler reads ``weight``'s memory; the dataclass keeps ``weight`` alive with it.
+            return (lambda x2d: ops.onednn_mm(handler, x2d, None)), "onednn_mm"
     return (lambda x2d: torch.matmul(x2d, weight.t())), "torch.matmul"
 
 

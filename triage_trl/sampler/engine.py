@@ -2,30 +2,23 @@
 
 ``TriageVLLMGeneration`` is TRL 1.16's ``VLLMGeneration`` (colocate mode) with three changes:
 
-* **start** (``_init_vllm``): the current policy is written to ``checkpoint_dir`` (NVFP4: a
-  compressed-tensors ``nvfp4-pack-quantized`` checkpoint from ``triage_trl.nvfp4.export``, with
-  activation global scales calibrated on ``calibration_prompts``; bf16: a plain checkpoint) and
-  ``vllm.LLM`` starts on it in this process with ``logprobs_mode="processed_logprobs"`` and
-  ``dtype=bfloat16``. On the vLLM CPU platform the NVFP4 layers run
-  :class:`~triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`; on GPUs vLLM picks its own
-  kernel. :attr:`kernel_report` records which linear kernels and precisions really run.
-* **sync** (``sync_weights``): every weight, in checkpoint format (re-quantised to NVFP4 for the
-  NVFP4 sampler), goes to vLLM in ONE ``model_runner.reload_weights(weights_iterator=...,
-  is_checkpoint_format=True)`` call, then the prefix cache is reset. TRL's per-tensor
-  ``load_weights`` sync fails on the vLLM CPU build and cannot re-quantise; one tensor per reload
+* **start** (``_init_vllm``): the current policy is written to ``checkpoint_dir`` (NVFP4: a compressed-tensors
+  ``nvfp4-pack-quantized`` checkpoint from ``triage_trl.nvfp4.export``, with activation global scales calibrated on
+  ``calibration_prompts``; bf16: a plain checkpoint) and ``vllm.LLM`` starts on it in this process through the
+  project's one engine start (:func:`~triage_trl.sampler.vllm_engine.start_engine`) with
+  ``logprobs_mode="processed_logprobs"``. :attr:`kernel_report` records which linear kernels really run.
+* **sync** (``sync_weights``): every weight, in checkpoint format (re-quantised to NVFP4 for the NVFP4 sampler), goes
+  to vLLM in ONE ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` call on the worker (inside vLLM's
+  config context), then the prefix cache is reset and :attr:`on_sync` runs (the trainer's scale push and probe).
+  TRL's per-tensor ``load_weights`` sync fails on the vLLM CPU build and cannot re-quantise; one tensor per reload
   call silently corrupts the model (each call re-initialises the layers it does not see).
-* **probe** (``score_logps``): the sampler's log-probs of given token sequences (vLLM prompt
-  log-probs at the sampling temperature) for the trainer's sync probe.
+* **probe** (``score_logps``): the sampler's log-probs of given token sequences (vLLM prompt log-probs at the
+  sampling temperature) for the trainer's sync probe.
 
-Sampling settings. TRL's learner computes ``log_softmax(logits / temperature)`` and nothing else,
-while vLLM's processed log-probs are taken *after* penalties, top-k/top-p/min-p truncation, logit
-bias, bad words, min-tokens and structured-output masks. Any of those makes the two log-probs
-differ by construction (a truncated, renormalised or penalised distribution), which TRIAGE would
-read as sampler/learner mismatch. They are refused at start with a ``ValueError`` naming the
-setting; ``temperature <= 0`` (greedy, whose log-probs vLLM does not scale) is refused too.
+Which sampling settings are allowed is decided once, in ``TriageGRPOConfig`` (``triage_trl/trainer/sampling_rules.py``).
 
-Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``gpu_model_runner.reload_weights``
-and ``v1/sample/sampler.py``; TRIAGE issue 4 (deliverable 3).
+Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``Worker.reload_weights`` and
+``v1/sample/sampler.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -41,23 +34,13 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
-from .vllm_utils import (
-    SAMPLER_DTYPE,
-    check_comparable_sampling,
-    finish_sampler_checkpoint,
-    inspect_kernels,
-    model_runner,
-    needs_cast,
-    start_llm,
-    to_sampler_dtype,
-)
+from .vllm_engine import sampler_tensors, start_engine, write_engine_checkpoint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration", "check_comparable_sampling"]
+__all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration"]
 
 SAMPLER_PRECISIONS = PRECISIONS
-
 
 
 class TriageVLLMGeneration(VLLMGeneration):
@@ -80,7 +63,6 @@ class TriageVLLMGeneration(VLLMGeneration):
             bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the current
             learner before each sync, as a fresh export would (one learner forward per calibration prompt); on a
             135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
-
         sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
             rank term only, so every run would sample alike; the trainer passes ``args.seed``).
 
@@ -89,10 +71,12 @@ class TriageVLLMGeneration(VLLMGeneration):
             layer counts), GEMM path and activation precision, read from the loaded vLLM model.
         input_global_scales: NVFP4 activation global scales (``{hf_linear_name: 0-dim fp32}``), or ``None``.
         num_syncs: completed ``sync_weights`` calls.
+        on_sync: ``Callable[[], None] | None``, called after every completed sync (the trainer installs its scale
+            push and sync probe here, so every sync TRL triggers is checked).
 
     Raises:
-        ValueError: unknown ``sampler_precision``, ``mode != "colocate"``, no calibration prompts for NVFP4, or
-            sampling settings refused by :func:`check_comparable_sampling`.
+        ValueError: unknown ``sampler_precision``, ``mode != "colocate"``, no calibration prompts for NVFP4, sleep
+            mode on CPU.
     """
 
     def __init__(
@@ -122,6 +106,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.kernel_report: dict[str, str] = {}
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
+        self.on_sync: Callable[[], None] | None = None
         super().__init__(model, accelerator, processing_class, **kwargs)
 
     # ------------------------------------------------------------------ start
@@ -137,22 +122,45 @@ class TriageVLLMGeneration(VLLMGeneration):
             )
         if self.enable_sleep_mode and current_platform.is_cpu():
             raise ValueError("vLLM has no sleep mode on CPU; set vllm_enable_sleep_mode=False.")
-        check_comparable_sampling(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            generation_kwargs=self.generation_kwargs,
-            structured_outputs_regex=self.structured_outputs_regex,
-        )
         if self.sampler_precision == "nvfp4" and not self.calibration_prompts:
             raise ValueError(
                 "sampler_precision='nvfp4' needs calibration_prompts for the activation global scales "
                 "(e.g. the first 8-32 training prompts)."
             )
+        self._join_colocated_ranks()
+        # Every rank computes the export (collectives under ZeRO-3); the main process writes it.
+        self._write_checkpoint()
+        self.accelerator.wait_for_everyone()
+        self.llm, self.kernel_report = start_engine(
+            self.checkpoint_dir,
+            self.sampler_precision,
+            tensor_parallel_size=self.tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_length,
+            max_num_seqs=self.max_num_seqs,
+            enable_sleep_mode=self.enable_sleep_mode,
+            model_impl=self.model_impl,
+            distributed_executor_backend="external_launcher",
+            seed=self.sampler_seed + self.accelerator.process_index // self.tensor_parallel_size,
+            max_num_batched_tokens=4096,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=-1,  # score_logps at T != 1 rescales full-vocabulary prompt log-probs
+            trust_remote_code=self.trust_remote_code,
+            **self.llm_kwargs,
+        )
+        if self.enable_sleep_mode:
+            self.llm.sleep(level=2)
+        self._llm_weights_sleeping = self.enable_sleep_mode
+        logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
+        self.accelerator.wait_for_everyone()
+
+    def _join_colocated_ranks(self) -> None:
+        """What vLLM's ``external_launcher`` needs from a colocated rank (as TRL's colocate start does): tensor-parallel
+        groups over consecutive ranks and the torch.distributed rendezvous variables."""
+        from trl.trainer.utils import ensure_master_addr_port
+
         accelerator = self.accelerator
-        if not accelerator.num_processes % self.tensor_parallel_size == 0:
+        if accelerator.num_processes % self.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_size ({self.tensor_parallel_size}) must divide world size "
                 f"({accelerator.num_processes}) evenly."
@@ -167,72 +175,32 @@ class TriageVLLMGeneration(VLLMGeneration):
         os.environ["RANK"] = str(accelerator.process_index)
         os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
         os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
-        from trl.trainer.utils import ensure_master_addr_port
-
         ensure_master_addr_port()
-
-        # Every rank computes the export (collectives under ZeRO-3); the main process writes it.
-        self._write_checkpoint()
-        accelerator.wait_for_everyone()
-
-        on_cpu = current_platform.is_cpu()
-        if self.sampler_precision == "nvfp4" and on_cpu:
-            from .cpu_kernel import register_fast_cpu_nvfp4_kernel
-
-            register_fast_cpu_nvfp4_kernel()
-
-        kwargs = dict(
-            model=str(self.checkpoint_dir),
-            tokenizer=str(self.checkpoint_dir),
-            dtype=SAMPLER_DTYPE,
-            tensor_parallel_size=self.tensor_parallel_size,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_length,
-            max_num_seqs=self.max_num_seqs,
-            enable_sleep_mode=self.enable_sleep_mode,
-            model_impl=self.model_impl,
-            distributed_executor_backend="external_launcher",
-            seed=self.sampler_seed + accelerator.process_index // self.tensor_parallel_size,
-            max_num_batched_tokens=4096,
-            logprobs_mode="processed_logprobs",
-            trust_remote_code=self.trust_remote_code,
-        )
-        kwargs["max_logprobs"] = -1  # score_logps at T != 1 rescales full-vocabulary prompt log-probs
-        if on_cpu:
-            kwargs["enforce_eager"] = True
-        kwargs.update(self.llm_kwargs)
-
-        self.llm = start_llm(**kwargs)
-        if self.enable_sleep_mode:
-            self.llm.sleep(level=2)
-        self._llm_weights_sleeping = self.enable_sleep_mode
-        self.kernel_report = inspect_kernels(self.llm, self.sampler_precision, self.checkpoint_dir)
-        logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
-        accelerator.wait_for_everyone()
 
     def _write_checkpoint(self) -> None:
         write = self.accelerator.is_main_process
-        out = self.checkpoint_dir
+        config = _hf_config(self.model)
+        tokenizer = _tokenizer_of(self.processing_class)
         if self.sampler_precision == "nvfp4":
-            from ..nvfp4.export import save_nvfp4_checkpoint
+            from ..nvfp4.export import iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
 
             model = self._unwrapped_for_export()
             self.input_global_scales = self._calibrate(model)
             with self._gathered():
+                tensors = iter_nvfp4_checkpoint_weights(model, self.input_global_scales)
                 if write:
-                    save_nvfp4_checkpoint(model, _tokenizer_of(self.processing_class), out, self.input_global_scales)
+                    write_engine_checkpoint(self.checkpoint_dir, "nvfp4", tensors, config, tokenizer,
+                                            nvfp4_quantization_config(model))
+                else:
+                    for _ in tensors:
+                        pass
         else:
-            tensors = {name: to_sampler_dtype(t).to("cpu").contiguous().clone() for name, t in self._iter_named_params()}
+            tensors = self._iter_named_params()
             if write:
-                from safetensors.torch import save_file
-
-                out.mkdir(parents=True, exist_ok=True)
-                save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-                config = _hf_config(self.model)
-                config.save_pretrained(out)
-                _tokenizer_of(self.processing_class).save_pretrained(out)
-        if write:
-            finish_sampler_checkpoint(out)
+                write_engine_checkpoint(self.checkpoint_dir, "bf16", tensors, config, tokenizer)
+            else:
+                for _ in tensors:  # take part in the gather collectives
+                    pass
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
@@ -269,16 +237,12 @@ class TriageVLLMGeneration(VLLMGeneration):
         with self._dist.gather_params(list(self.model.parameters())):
             yield
 
-    def _model_runner(self):
-        return model_runner(self.llm)
-
     # ------------------------------------------------------------------ sync
 
     def _iter_sampler_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Checkpoint-format weights for vLLM: NVFP4-packed (re-quantised now) or bf16, all of them."""
+        """Checkpoint-format weights for vLLM, as the engine stores them: NVFP4-packed (re-quantised now) or bf16."""
         if self.sampler_precision == "bf16":
-            for name, tensor in self._iter_named_params():
-                yield name, to_sampler_dtype(tensor)
+            yield from sampler_tensors(self._iter_named_params())
             return
         from ..nvfp4.export import iter_nvfp4_checkpoint_weights
 
@@ -286,25 +250,30 @@ class TriageVLLMGeneration(VLLMGeneration):
         if self.recalibrate_every_sync:
             self.input_global_scales = self._calibrate(model)
         with self._gathered():
-            for name, tensor in iter_nvfp4_checkpoint_weights(model, self.input_global_scales):
-                yield name, (to_sampler_dtype(tensor) if needs_cast(name, tensor) else tensor)
+            yield from sampler_tensors(iter_nvfp4_checkpoint_weights(model, self.input_global_scales))
 
     @torch.no_grad()
     def sync_weights(self):
-        """Load the learner's current weights into vLLM in one ``reload_weights`` call; reset the prefix cache.
+        """Load the learner's current weights into vLLM in one ``reload_weights`` call; reset the prefix cache; run
+        :attr:`on_sync`.
 
         NVFP4: the weights are re-quantised (``iter_nvfp4_checkpoint_weights``, activation scales from start);
         vLLM re-runs each layer's ``process_weights_after_loading``, which refreshes the fast CPU kernel's
-        dequantised weights. PEFT models send merged weights (adapters merged, then unmerged).
+        dequantised weights. PEFT models send merged weights (adapters merged, then unmerged). The reload runs on
+        the worker (``LLM.collective_rpc``), inside vLLM's config context.
         """
         if self.mode != "colocate":
             raise ValueError("TriageVLLMGeneration.sync_weights supports vllm_mode='colocate' only.")
         if self.enable_sleep_mode:
             self.llm.wake_up(tags=["weights"])
             self._llm_weights_sleeping = False
-        self._model_runner().reload_weights(weights_iterator=self._iter_sampler_weights(), is_checkpoint_format=True)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
+        )
         self.llm.reset_prefix_cache()
         self.num_syncs += 1
+        if self.on_sync is not None:
+            self.on_sync()
 
     # ------------------------------------------------------------------ probe
 
@@ -341,6 +310,8 @@ class TriageVLLMGeneration(VLLMGeneration):
             flat_logprobs=True,
         )
         prompts = [{"prompt_token_ids": list(map(int, ids))} for ids in token_ids_list]
+        if self.enable_sleep_mode:  # the probe runs on a fully awake engine (TRL's generate sleeps it again)
+            self.llm.wake_up(tags=["kv_cache"])
         outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         result = []
         for ids, out in zip(token_ids_list, outputs, strict=True):

@@ -1,9 +1,9 @@
 """``TriageGRPOConfig``: TRL's ``GRPOConfig`` plus the TRIAGE objective and the NVFP4 run settings.
 
-Spec: ``shared/design/triage-objective.md`` (TRIAGE, arXiv 2610.07043, reconstructed from its abstract) and
-issue 4. The ``triage_*`` fields and their validation come from :class:`triage_trl.TriageConfig`; this file adds
-the precisions of the learner and of the sampler, the NVFP4 layer selection, the calibration size and the
-sync-probe bound, and checks the combinations TRL's own fields allow but TRIAGE cannot use.
+The ``triage_*`` fields come from :class:`triage_trl.TriageConfig` (``docs/objective.md``), the engine precisions and
+NVFP4 fields from :class:`triage_trl.nvfp4.config.NVFP4Config` (``docs/nvfp4.md``). This file adds the sync-probe
+bound, resolves the TRL fields whose defaults depend on TRIAGE (``use_vllm``, ``vllm_importance_sampling_correction``),
+and refuses, at construction and before any model loads, the combinations TRL's fields allow but TRIAGE cannot use.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..nvfp4.config import NVFP4Config
-from ..sampler.vllm_utils import check_comparable_sampling
 from ..triage_config import TriageConfig
+from .sampling_rules import check_comparable_sampling, check_generation_kwargs
 
 # Loss types whose per-token policy-gradient term TRIAGE can weight through TRL's importance-sampling hook, and
-# whose aggregation the spec keeps unchanged (spec step 8).
+# whose aggregation TRIAGE keeps unchanged (docs/objective.md, "Loss").
 TRIAGE_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
-# Sampling settings that change the distribution vLLM samples from (and so its processed log-probs) in ways the
-# learner's log-probs (log_softmax(logits / temperature)) do not reproduce.
 # Default bound of `triage/sync_probe_gap` (mean |learner - sampler| log-prob over the probe tokens, nats).
 SYNC_PROBE_DEFAULT_SAME_PRECISION = 0.1
 SYNC_PROBE_DEFAULT_MIXED_PRECISION = 0.5
@@ -38,11 +36,19 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
             sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it the trainer
             raises: the sampler is stale or corrupt. `None`: 0.1 when both precisions match, 0.5 when they differ.
+        use_vllm (`bool` or `None`, *optional*):
+            TRL's switch for the vLLM sampler. `None` (default): on while TRIAGE is on (its sampler log-probs come
+            from vLLM), TRL's default (off) when `triage_mode="off"`.
         vllm_importance_sampling_correction (`bool` or `None`, *optional*):
-            TRL's own vLLM importance-sampling correction. `None` (default) resolves to `False` while TRIAGE is on
-            (TRIAGE replaces it) and to TRL's default `True` when `triage_mode="off"`. Asking for `True` with
-            `triage_mode="full"` is an error (no token corrected twice); with `triage_mode="diagnose"` it keeps
-            TRL's correction in the loss and TRIAGE only measures.
+            Whether TRL's own importance-sampling ratio multiplies the loss. `None` (default) resolves to `False`
+            while TRIAGE is on (TRIAGE's weights replace it) and to TRL's default `True` when `triage_mode="off"`.
+            `True` with `triage_mode="full"` is an error (no token corrected twice); with `"diagnose"` TRL's ratio
+            stays in the loss and TRIAGE only measures. TRIAGE's weights reach the loss through the same TRL hook:
+            see :attr:`uses_trl_is_hook`.
+
+    Raises:
+        ValueError: an invalid field or combination (the message names the field and the remedy).
+        NotImplementedError: TRIAGE with a `loss_type` it cannot weight.
     """
 
     sync_probe_max_gap: float | None = field(
@@ -53,34 +59,55 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             "corrupt sampler. Unset: 0.1 when learner and sampler precisions match, 0.5 when they differ."
         },
     )
+    # Overrides TRL's field (default False): TRIAGE needs the sampler's log-probs, so TRL's quickstart call works.
+    use_vllm: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Generate with vLLM (colocated by default). Unset: on while TRIAGE is on (its sampler log-probs "
+            "come from vLLM), off when `triage_mode=off` (TRL's default)."
+        },
+    )
     # Overrides TRL's field (default True) with a `None` sentinel, so that an explicit request can be told apart
-    # from the default and TRIAGE can turn the correction off (spec step 8).
+    # from the default and TRIAGE can replace the correction (docs/objective.md, "Loss").
     vllm_importance_sampling_correction: bool | None = field(
         default=None,
         metadata={
-            "help": "TRL's vLLM importance-sampling correction. Unset: off while TRIAGE is on (TRIAGE replaces it), "
-            "TRL's default (on) when `triage_mode=off`. `true` with `triage_mode=full` is an error (no token is "
-            "corrected twice); with `triage_mode=diagnose` TRL's correction stays in the loss and TRIAGE only measures."
+            "help": "Whether TRL's own vLLM importance-sampling ratio multiplies the loss. Unset: off while TRIAGE is "
+            "on (TRIAGE's weights replace it), TRL's default (on) when `triage_mode=off`. `true` with "
+            "`triage_mode=full` is an error (no token is corrected twice); with `triage_mode=diagnose` TRL's ratio "
+            "stays in the loss and TRIAGE only measures."
         },
     )
 
     def __post_init__(self):
-        # Resolve TRL's correction before GRPOConfig validates its modes and clips. After this, True with TRIAGE on
-        # means: diagnose mode, TRL's correction explicitly requested.
+        # TRL validates use_vllm and the correction's modes in its own __post_init__: resolve them first.
+        if self.use_vllm is None:
+            self.use_vllm = self.triage_mode != "off"
         if self.vllm_importance_sampling_correction is None:
             self.vllm_importance_sampling_correction = self.triage_mode == "off"
         elif self.vllm_importance_sampling_correction and self.triage_mode == "full":
             raise ValueError(
                 "vllm_importance_sampling_correction=True with triage_mode='full' would correct every token twice: "
-                "TRIAGE's bounded repair replaces TRL's importance-sampling correction. Unset "
-                "vllm_importance_sampling_correction (or set it to False), or use triage_mode='diagnose' to keep "
-                "TRL's correction and only measure the mismatch."
+                "TRIAGE's weights replace TRL's importance-sampling ratio. Unset vllm_importance_sampling_correction "
+                "(or set it to False), or use triage_mode='diagnose' to keep TRL's ratio and only measure."
             )
         super().__post_init__()
         self.validate_triage()
-        self._validate_nvfp4()
-        if self.triage_mode != "off":
-            self._validate_triage_with_grpo()
+        self.validate_nvfp4()
+        self._validate_run()
+
+    @property
+    def uses_trl_is_hook(self) -> bool:
+        """Whether TRL's importance-sampling hook is on in the trainer: TRL then computes the rollout-time learner
+        log-probs and multiplies the per-token loss by ``inputs["importance_sampling_ratio"]``. True whenever TRIAGE
+        is on (the trainer puts TRIAGE's weights under that key, replacing TRL's own ratio unless
+        ``vllm_importance_sampling_correction`` keeps it in diagnose mode) or TRL's correction is on."""
+        return self.use_vllm and (self.triage_mode != "off" or self.vllm_importance_sampling_correction)
+
+    @property
+    def triage_replaces_trl_ratio(self) -> bool:
+        """Whether TRIAGE's weights take the place of TRL's importance-sampling ratio in the loss."""
+        return self.triage_mode != "off" and not self.vllm_importance_sampling_correction
 
     @property
     def resolved_sync_probe_max_gap(self) -> float:
@@ -95,32 +122,42 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
         """The precision and NVFP4 fields plus the sync-probe bound, defaults resolved (for logs and model cards)."""
         return {**NVFP4Config.nvfp4_settings(self), "sync_probe_max_gap": self.resolved_sync_probe_max_gap}
 
-    def _validate_nvfp4(self) -> None:
-        self.validate_nvfp4()
+    def _validate_run(self) -> None:
         if self.sync_probe_max_gap is not None and not self.sync_probe_max_gap > 0:
             raise ValueError(
                 f"sync_probe_max_gap={self.sync_probe_max_gap!r} is out of range: it must be > 0 (nats), or unset "
                 "for the precision-dependent default."
             )
-        if self.sampler_precision == "nvfp4":
+        if self.sampler_precision == "nvfp4" and not self.use_vllm:
+            raise ValueError("sampler_precision='nvfp4' needs the vLLM sampler: set use_vllm=True.")
+        if self.use_vllm and self.vllm_mode != "colocate" and (self.triage_mode != "off" or self.uses_nvfp4):
+            raise NotImplementedError(
+                f"vllm_mode={self.vllm_mode!r} with triage_mode={self.triage_mode!r}, learner_precision="
+                f"{self.learner_precision!r}, sampler_precision={self.sampler_precision!r}: the sync probe and the "
+                "NVFP4 export need the engine in the trainer's process. Use vllm_mode='colocate' (docs/scale.md)."
+            )
+        if self.triage_mode != "off":
             if not self.use_vllm:
                 raise ValueError(
-                    "sampler_precision='nvfp4' needs the vLLM sampler: set use_vllm=True (vllm_mode='colocate')."
+                    f"triage_mode={self.triage_mode!r} needs the sampler's log-probs, which only the vLLM sampler "
+                    "returns: set use_vllm=True, or triage_mode='off'."
                 )
-            if self.vllm_mode != "colocate":
-                raise ValueError(
-                    f"sampler_precision='nvfp4' needs vllm_mode='colocate' (got {self.vllm_mode!r}): the NVFP4 "
-                    "checkpoint and its in-place reloads are made in the trainer's process."
+            if self.loss_type not in TRIAGE_LOSS_TYPES:
+                raise NotImplementedError(
+                    f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; "
+                    f"got loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
                 )
+        if self.use_vllm:
+            check_generation_kwargs(self.generation_kwargs)
+            if self.uses_trl_is_hook:
+                self._check_comparable_sampling()
 
-    def _validate_triage_with_grpo(self) -> None:
-        if self.loss_type not in TRIAGE_LOSS_TYPES:
-            raise NotImplementedError(
-                f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; got "
-                f"loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
-            )
-        # One rule for the config and the sampler: TRIAGE compares vLLM's processed log-probs with the
-        # learner's log_softmax(logits / temperature), so only plain temperature sampling is comparable.
+    def _check_comparable_sampling(self) -> None:
+        reasons = []
+        if self.triage_mode != "off":
+            reasons.append(f"TRIAGE (triage_mode={self.triage_mode!r})")
+        if self.vllm_importance_sampling_correction:
+            reasons.append("TRL's vLLM importance-sampling correction")
         check_comparable_sampling(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -129,4 +166,5 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             repetition_penalty=self.repetition_penalty,
             generation_kwargs=self.generation_kwargs,
             structured_outputs_regex=self.vllm_structured_outputs_regex,
+            reason=" and ".join(reasons),
         )

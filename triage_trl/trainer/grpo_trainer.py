@@ -1,19 +1,16 @@
-"""``TriageGRPOTrainer``: TRL's ``GRPOTrainer`` with the TRIAGE objective and a colocated (NVFP4) vLLM sampler.
+"""``TriageGRPOTrainer``: TRL's ``GRPOTrainer`` with the TRIAGE objective, an NVFP4-capable learner and a colocated
+NVFP4-capable vLLM sampler.
 
-Spec: ``shared/design/triage-objective.md`` ("Implementation notes") and issue 4.
-
-How the objective reaches the loss, without a copy of TRL's loss code: TRL 1.16's ``GRPOTrainer`` multiplies the
-per-token policy-gradient loss by ``inputs["importance_sampling_ratio"]`` before its aggregation whenever
-``use_vllm and vllm_importance_sampling_correction`` hold, and then also computes ``old_per_token_logps`` at rollout
-time. While TRIAGE is on, this trainer keeps that hook active *internally* (the user-facing
-``args.vllm_importance_sampling_correction`` is False), neutralises TRL's own ratio (clipped to [1, 1], removed
-from the batch and from the logs), and ``_compute_loss`` puts TRIAGE's detached weights under that key before
-calling ``GRPOTrainer._compute_loss``. TRL's clipping, KL, entropy terms and metrics are unchanged.
+How the objective reaches the loss, without a copy of TRL's loss code: TRL 1.16 multiplies the per-token
+policy-gradient loss by ``inputs["importance_sampling_ratio"]`` before its aggregation whenever its importance-sampling
+hook is on, and then also computes the rollout-time learner log-probs ``old_per_token_logps``. The hook's switch comes
+from one place, :attr:`TriageGRPOConfig.uses_trl_is_hook`; the public ``compute_loss`` puts TRIAGE's detached weights
+under that key (replacing TRL's own ratio unless diagnose mode keeps it) and calls TRL's. TRL's clipping, KL, entropy
+terms and metrics are unchanged. Every TRL name this module relies on is listed in ``tests/test_trl_contract.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -21,162 +18,93 @@ from typing import Any
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import create_model_from_path
 
 from ..objective import METRIC_NAMES, triage_weights
 from ..segments import build_newline_table, segment_ids
 from .grpo_config import TriageGRPOConfig
+from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, insert_section, triage_card_section
-from .sync_probe import check_probe_gap, probe_gap, probe_token_ids
+from .sync_probe import StaleSamplerError, check_probe_gap, probe_gap, probe_token_ids
+from .trl_seam import TRLContractError, trl_builds_sampler_with
+from .zero_signal import zero_signal_completions
 
 logger = logging.getLogger(__name__)
 
-# TRL's sampling metrics that describe its own importance-sampling ratio; meaningless once TRIAGE replaces it (the
-# weights TRIAGE applies are logged as triage/weight_*).
-_TRL_IS_RATIO_METRICS = (
+# TRL's metrics of its own importance-sampling ratio: no token receives that ratio while TRIAGE's weights replace it
+# (TRIAGE's weights are logged as triage/weight_*).
+_TRL_RATIO_METRICS = (
     "sampling/importance_sampling_ratio/min",
     "sampling/importance_sampling_ratio/mean",
     "sampling/importance_sampling_ratio/max",
 )
-# How each triage/ metric is reduced across processes.
-_MAX_METRICS = {"gap_abs_max", "weight_max"}
-_MIN_METRICS = {"weight_min"}
+ZERO_SIGNAL_KEY = "triage_zero_signal"  # (B,) bool in the generation batch: the completion's group has no signal
 
 
 class TriageGRPOTrainer(GRPOTrainer):
     """GRPO with TRIAGE's per-token weights, an NVFP4-capable learner and a colocated NVFP4-capable vLLM sampler.
 
-    Arguments are those of [`~trl.GRPOTrainer`]; ``args`` must be a [`TriageGRPOConfig`].
+    Args:
+        model: as [`~trl.GRPOTrainer`] (a Hub id or local folder is loaded by TRL, with TRL's rules).
+        reward_funcs: as [`~trl.GRPOTrainer`].
+        args: a [`TriageGRPOConfig`] (default: one named after the model, TRIAGE full, colocated vLLM sampler).
+        **kwargs: every other [`~trl.GRPOTrainer`] argument (``train_dataset``, ``peft_config``, ...).
 
     Raises:
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
-        ValueError: TRIAGE is on but the run has no sampler log-probs (``use_vllm=False``).
-        NotImplementedError: TRIAGE is on with an unsupported ``loss_type`` (from the config), or with a
-            ``rollout_func`` but no vLLM.
+        NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
+            log-probs TRIAGE needs on every path).
+        TRLContractError: the installed TRL did not build its sampler through the seam triage-trl relies on.
     """
 
     _tag_names = ["trl", "grpo", "triage", "nvfp4"]
     _name = "TRIAGE-GRPO"
     _paper = TRIAGE_PAPER
 
-    def __init__(
-        self,
-        model,
-        reward_funcs=None,
-        args: TriageGRPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers=(None, None),
-        quantization_config=None,
-        peft_config=None,
-        tools=None,
-        rollout_func=None,
-        environment_factory=None,
-    ):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = TriageGRPOConfig(f"{str(name).split('/')[-1]}-TRIAGE-GRPO")
-        if not isinstance(args, TriageGRPOConfig):
-            raise TypeError(
-                f"TriageGRPOTrainer needs a TriageGRPOConfig; got {type(args).__name__}. Build one with the same "
-                "fields: TriageGRPOConfig(**your_grpo_config.to_dict()) plus the triage_* settings."
+    def __init__(self, model, reward_funcs=None, args: TriageGRPOConfig | None = None, **kwargs):
+        args = _triage_args(model, args)
+        if args.triage_mode != "off" and kwargs.get("rollout_func") is not None:
+            raise NotImplementedError(
+                "TRIAGE with a rollout_func is not supported: the sampler log-probs and sync probe TRIAGE relies on "
+                "come from its own colocated sampler. Drop rollout_func, or set triage_mode='off'."
             )
         self.triage_mode = args.triage_mode
-        if self.triage_mode != "off" and not args.use_vllm:
-            if rollout_func is not None:
-                raise NotImplementedError(
-                    "TRIAGE with a rollout_func needs use_vllm=True: TRL applies per-token loss weights and computes "
-                    "rollout-time learner log-probs only on its vLLM path. Set use_vllm=True, or triage_mode='off'."
-                )
-            raise ValueError(
-                f"triage_mode={self.triage_mode!r} needs the sampler's log-probs, which only the vLLM sampler "
-                "returns: set use_vllm=True (vllm_mode='colocate'), or triage_mode='off'."
-            )
-        # TRIAGE replaces TRL's correction unless diagnose mode keeps it on request (see TriageGRPOConfig).
-        self._triage_replaces_trl_is = self.triage_mode != "off" and not args.vllm_importance_sampling_correction
-
+        self.triage_metrics = TriageMetricsLog()
+        self.triage_history: list[dict[str, float]] = []
+        self.sync_probe_gaps: list[float] = []
         self.nvfp4_learner_report = None
-        if args.learner_precision == "nvfp4":
-            model, self.nvfp4_learner_report = self._nvfp4_learner(model, args)
-
-        with _vllm_generation_factory(self._sampler_factory(args, train_dataset, processing_class, model)):
-            super().__init__(
-                model=model,
-                reward_funcs=reward_funcs,
-                args=args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                reward_processing_classes=reward_processing_classes,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                quantization_config=quantization_config,
-                peft_config=peft_config,
-                tools=tools,
-                rollout_func=rollout_func,
-                environment_factory=environment_factory,
+        self._synced_step = None
+        built: list = []
+        with trl_builds_sampler_with(self._sampler_factory(args, kwargs.get("train_dataset"), built)):
+            super().__init__(model, reward_funcs, args, **kwargs)
+        if self.use_vllm and (len(built) != 1 or self.vllm_generation is not built[0]):
+            raise TRLContractError(
+                "TRL did not build its vLLM sampler through triage-trl's factory, so TRIAGE's export, one-call sync "
+                "and sync probe would not run. triage-trl supports TRL 1.16.x: install trl>=1.16,<1.17."
             )
-
-        if self._triage_replaces_trl_is:
-            # TRL's hook on, its own ratio neutral: clamp(exp(diff), 1, 1) == 1. TRIAGE's weights replace it at loss
-            # time; `args` keeps the user-facing value (off).
-            self.vllm_importance_sampling_correction = True
-            self.vllm_importance_sampling_mode = "token_truncate"
-            self.vllm_importance_sampling_clip_min = 1.0
-            self.vllm_importance_sampling_clip_max = 1.0
-
+        self.triage_metrics.accelerator = self.accelerator
+        self.vllm_importance_sampling_correction = args.uses_trl_is_hook
+        if args.learner_precision == "nvfp4":
+            self._convert_learner()
         self._newline_table = None
         if self.triage_mode != "off" and args.triage_segment_mode == "newline":
             vocab = self.model.get_input_embeddings().num_embeddings
-            self._newline_table = build_newline_table(self._tokenizer, vocab_size=max(vocab, len(self._tokenizer)))
+            tokenizer = _tokenizer_of(self.processing_class)
+            self._newline_table = build_newline_table(tokenizer, vocab_size=max(vocab, len(tokenizer)))
+        self._probe_ids = probe_token_ids(_tokenizer_of(self.processing_class)) if self.use_vllm else None
+        if self.use_vllm:
+            self.vllm_generation.on_sync = self._after_sampler_sync
         self._push_sampler_scales()
-        self._probe_ids = probe_token_ids(self._tokenizer) if self.use_vllm else None
-        self.sync_probe_gaps: list[float] = []
-        self.triage_history: list[dict[str, float]] = []
-        if self.nvfp4_learner_report is not None:
-            logger.info("NVFP4 learner layers: %s", self.nvfp4_learner_report)
-            summary = getattr(self.nvfp4_learner_report, "summary", None)
-            for name, count in (summary() if callable(summary) else {}).items():  # in the first logged step
-                self._metrics["train"][name].append(float(count))
 
-    # ------------------------------------------------------------------ construction helpers
+    # ------------------------------------------------------------------ construction
 
-    @staticmethod
-    def _nvfp4_learner(model, args: TriageGRPOConfig):
-        """Load the model (when given by name), swap its decoder linear layers for NVFP4 W4A4 layers.
-
-        Returns:
-            ``(model, report)``: the model, changed in place, and the NVFP4 module's per-layer report.
-        """
-        from ..nvfp4.learner import convert_to_nvfp4_learner
-
-        if isinstance(model, str):
-            model_init_kwargs = dict(args.model_init_kwargs or {})
-            model_init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-            model = create_model_from_path(model, **model_init_kwargs)
-            # Used above; TRL would warn that they are ignored for an instantiated model.
-            args.model_init_kwargs = None
-        options = {
-            "keep_first_blocks": args.nvfp4_keep_first_blocks,
-            "keep_last_blocks": args.nvfp4_keep_last_blocks,
-            "scales": args.resolved_nvfp4_learner_scales,
-            "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
-        }
-        if args.nvfp4_exclude_patterns is not None:  # else the NVFP4 module's defaults (MoE router gates)
-            options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
-        report = convert_to_nvfp4_learner(model, **options)
-        return model, report
-
-    def _sampler_factory(self, args: TriageGRPOConfig, train_dataset, processing_class, model):
-        """The class TRL instantiates as its vLLM backend (colocate mode): TriageVLLMGeneration, bound to our args."""
-        if not args.use_vllm or args.vllm_mode != "colocate":
+    def _sampler_factory(self, args: TriageGRPOConfig, train_dataset, built: list):
+        """The callable TRL instantiates as its vLLM backend: TriageVLLMGeneration bound to this run's settings.
+        Each sampler it builds is appended to ``built``, so the trainer can check TRL used it."""
+        if not args.use_vllm:
             return None
         from ..sampler.engine import TriageVLLMGeneration
 
-        return functools.partial(
+        make = functools.partial(
             TriageVLLMGeneration,
             sampler_precision=args.sampler_precision,
             calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
@@ -185,63 +113,67 @@ class TriageGRPOTrainer(GRPOTrainer):
             sampler_seed=args.seed,
         )
 
-    # ------------------------------------------------------------------ generation: sync + probe
+        def factory(*a, **kw):
+            built.append(make(*a, **kw))
+            return built[-1]
 
-    def _generate(self, prompts: list):
-        # Sync the sampler here, before TRL's own check in `_generate` / `_generate_single_turn` (which then sees the
-        # step as loaded and skips), so that the probe runs right after every sync.
-        if self.use_vllm and self.state.global_step != self._last_loaded_step:
-            from trl.extras.profiling import profiling_context
+        return factory
 
-            with profiling_context(self, "sync_weights"):
-                self.sync_sampler()
-        return super()._generate(prompts)
+    def _convert_learner(self) -> None:
+        """Swap the learner's decoder linears for NVFP4 W4A4 layers, on the device the trainer placed the model on."""
+        from ..nvfp4.learner import convert_to_nvfp4_learner
+
+        args = self.args
+        options = {
+            "keep_first_blocks": args.nvfp4_keep_first_blocks,
+            "keep_last_blocks": args.nvfp4_keep_last_blocks,
+            "scales": args.resolved_nvfp4_learner_scales,
+            "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
+        }
+        if args.nvfp4_exclude_patterns is not None:
+            options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
+        self.nvfp4_learner_report = convert_to_nvfp4_learner(self.model, **options)
+        logger.info("NVFP4 learner layers: %s", self.nvfp4_learner_report)
+        self.triage_metrics.record("train", {k: float(v) for k, v in self.nvfp4_learner_report.summary().items()})
+
+    # ------------------------------------------------------------------ sampler sync: scales + probe
 
     def sync_sampler(self) -> None:
-        """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4), give the learner the
-        sampler's activation scales (``nvfp4_learner_scales="sampler"``) and run the sync probe. Call it before
-        using ``self.vllm_generation.llm`` directly (e.g. a held-out evaluation between steps); the next rollout
-        then reuses this sync.
+        """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4); the sampler then runs
+        the trainer's scale push and sync probe. Call it before using ``self.vllm_generation.llm`` directly (e.g. a
+        held-out evaluation between steps).
 
         Raises:
             StaleSamplerError: the probe gap exceeds ``sync_probe_max_gap``.
         """
         self.vllm_generation.sync_weights()
+
+    def _after_sampler_sync(self) -> None:
         self._push_sampler_scales()
-        self._last_loaded_step = self.state.global_step
         self._run_sync_probe()
+        self._synced_step = self.state.global_step
 
     def _push_sampler_scales(self) -> None:
-        """With ``nvfp4_learner_scales="sampler"``: give the learner the activation scales the sampler was just
-        calibrated with (the NVFP4 export recalibrates them at every sync)."""
+        """With ``nvfp4_learner_scales="sampler"``: give the learner the sampler's activation scales."""
         if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
         from ..nvfp4.learner import set_sampler_input_scales
 
-        scales = getattr(getattr(self, "vllm_generation", None), "input_global_scales", None)
-        if scales is None:
-            raise RuntimeError(
-                "nvfp4_learner_scales='sampler' but the sampler has no calibrated input scales: it needs "
-                "sampler_precision='nvfp4' with vllm_mode='colocate'."
-            )
-        set_sampler_input_scales(self.model, scales)
+        set_sampler_input_scales(self.model, self.vllm_generation.input_global_scales)
 
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
         """Score the probe sequence with the sampler and the learner; log and bound their gap (nats)."""
         ids = self._probe_ids
         sampler_logps = self.vllm_generation.score_logps([ids])[0]
-        device = self.accelerator.device
-        input_ids = torch.tensor([ids], device=device)
+        input_ids = torch.tensor([ids], device=self.accelerator.device)
         learner_logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model, input_ids, torch.ones_like(input_ids), len(ids) - 1
         )
         gap, gap_max = probe_gap(learner_logps[0], sampler_logps)
-        gathered = self.accelerator.gather(torch.tensor([gap, gap_max], dtype=torch.float64, device=device))
-        gap, gap_max = (float(v) for v in gathered.view(-1, 2).max(dim=0).values)
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["triage/sync_probe_gap"].append(gap)
-        self._metrics[mode]["triage/sync_probe_gap_max"].append(gap_max)
+        reduced = self.triage_metrics.record(mode, {"triage/sync_probe_gap": gap, "triage/sync_probe_gap_max": gap_max})
+        gap = reduced["triage/sync_probe_gap"]
         self.sync_probe_gaps.append(gap)
         check_probe_gap(
             gap,
@@ -252,46 +184,61 @@ class TriageGRPOTrainer(GRPOTrainer):
         )
         return gap
 
+    # ------------------------------------------------------------------ rewards: zero-signal groups
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.triage_mode != "off":
+            num_generations = self.num_generations if self.model.training else self.num_generations_eval
+            self._zero_signal = zero_signal_completions(
+                rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
+            )
+        return rewards_per_func
+
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self._triage_replaces_trl_is:
-            # TRL's own ratio (identically 1 here) never reaches the loss: `_compute_loss` puts TRIAGE's weights
-            # under this key. Its metrics would describe a ratio no token received.
-            output.pop("importance_sampling_ratio", None)
-            mode = "train" if self.model.training else "eval"
-            for name in _TRL_IS_RATIO_METRICS:
-                self._metrics[mode].pop(name, None)
+        if self.use_vllm and self._synced_step != self.state.global_step:
+            raise StaleSamplerError(
+                f"The sampler generated this batch at step {self.state.global_step} without a weight sync since step "
+                f"{self._synced_step}: it samples a stale policy. TRL's sync before generation did not run; check the "
+                "installed TRL version (triage-trl supports 1.16.x) and any override of _generate."
+            )
+        if self.triage_mode != "off":
+            # TRL's rewards (and so the mark) cover every process's completions; keep this process's slice, as TRL
+            # does for the advantages.
+            local = self._zero_signal.view(self.accelerator.num_processes, -1)[self.accelerator.process_index]
+            output[ZERO_SIGNAL_KEY] = local.to(output["advantages"].device)
         return output
 
     # ------------------------------------------------------------------ loss
 
-    def _compute_loss(self, model, inputs):
-        if self.triage_mode == "off":
-            return super()._compute_loss(model, inputs)
-        weights = self._triage_weights(inputs)
-        if self._triage_replaces_trl_is:
-            inputs = {**inputs, "importance_sampling_ratio": weights}
-        return super()._compute_loss(model, inputs)
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        zero_signal = inputs.pop(ZERO_SIGNAL_KEY, None)
+        if self.triage_mode != "off":
+            weights = self._triage_weights(inputs, zero_signal)
+            if self.args.triage_replaces_trl_ratio:
+                inputs["importance_sampling_ratio"] = weights
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-    def _triage_weights(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """TRIAGE's (B, T) detached weights for this micro-batch; logs the triage/ metrics.
+    def _triage_weights(self, inputs: dict[str, Any], zero_signal: torch.Tensor | None) -> torch.Tensor:
+        """TRIAGE's (B, T) detached weights for this micro-batch; records the triage/ metrics.
 
         Raises:
-            ValueError: the batch has no ``sampling_per_token_logps`` (no sampler log-probs) or no
-                ``old_per_token_logps``.
+            ValueError: the batch has no ``sampling_per_token_logps`` or no ``old_per_token_logps``.
         """
         sampler_logps = inputs.get("sampling_per_token_logps")
         if sampler_logps is None:
             raise ValueError(
                 f"triage_mode={self.triage_mode!r} needs the sampler's per-token log-probs, but this batch has no "
-                "'sampling_per_token_logps'. Use the vLLM sampler (use_vllm=True), and if you pass a rollout_func, "
-                "make it return the sampled tokens' log-probs under 'logprobs'; or set triage_mode='off'."
+                "'sampling_per_token_logps'. Generate with TriageGRPOTrainer's vLLM sampler (use_vllm=True), or set "
+                "triage_mode='off'."
             )
         old_logps = inputs.get("old_per_token_logps")
         if old_logps is None:
             raise ValueError(
-                "TRIAGE needs the learner's rollout-time log-probs ('old_per_token_logps'), which TRL computes when "
-                "use_vllm=True: this batch has none. Build inputs with TriageGRPOTrainer's own generation, or add them."
+                "TRIAGE needs the learner's rollout-time log-probs ('old_per_token_logps'), which TRL computes when its "
+                "importance-sampling hook is on (TriageGRPOConfig.uses_trl_is_hook): this batch has none."
             )
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         if "tool_mask" in inputs:
@@ -302,25 +249,27 @@ class TriageGRPOTrainer(GRPOTrainer):
             max_tokens=self.args.triage_segment_max_tokens,
             newline_table=self._newline_table,
         )
-        result = triage_weights(old_logps, sampler_logps, inputs["advantages"], mask, seg, self.args)
-        self._log_triage_metrics(result.metrics)
+        result = triage_weights(
+            old_logps, sampler_logps, inputs["advantages"], mask, seg, self.args, zero_signal=zero_signal
+        )
+        mode = "train" if self.model.training else "eval"
+        reduced = self.triage_metrics.record(mode, {f"triage/{name}": result.metrics[name] for name in METRIC_NAMES})
+        if mode == "train":
+            self.triage_history.append(
+                {"step": self.state.global_step + 1, **{k.removeprefix("triage/"): v for k, v in reduced.items()}}
+            )
         return result.weights
 
-    def _log_triage_metrics(self, metrics: dict[str, float]) -> None:
-        device = self.accelerator.device
-        local = torch.tensor([metrics[name] for name in METRIC_NAMES], dtype=torch.float64, device=device)
-        gathered = self.accelerator.gather(local).view(-1, len(METRIC_NAMES))
-        mode = "train" if self.model.training else "eval"
-        record = {"step": self.state.global_step}
-        for i, name in enumerate(METRIC_NAMES):
-            column = gathered[:, i]
-            value = column.max() if name in _MAX_METRICS else column.min() if name in _MIN_METRICS else column.mean()
-            self._metrics[mode][f"triage/{name}"].append(float(value))
-            record[name] = float(value)
-        if mode == "train":
-            self.triage_history.append(record)
+    # ------------------------------------------------------------------ logging and card
 
-    # ------------------------------------------------------------------ model card
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        prefix = "eval_" if mode == "eval" else ""
+        logs.update({f"{prefix}{name}": value for name, value in self.triage_metrics.pop(mode).items()})
+        if self.args.triage_replaces_trl_ratio:
+            for name in _TRL_RATIO_METRICS:
+                self._metrics[mode].pop(name, None)
+        super().log(logs, start_time)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's model card (tags, TRIAGE and GRPO citations) plus a TRIAGE section; see ``model_card.py``."""
@@ -344,34 +293,27 @@ class TriageGRPOTrainer(GRPOTrainer):
         """Which kernels / layer paths ran: the sampler's own report and the NVFP4 learner's summary."""
         report = {}
         sampler_report = getattr(getattr(self, "vllm_generation", None), "kernel_report", None)
-        if callable(sampler_report):
-            sampler_report = sampler_report()
         if sampler_report:
-            report["sampler"] = _report_text(sampler_report)
+            report["sampler"] = ", ".join(f"{k}={v}" for k, v in sampler_report.items())
         elif self.use_vllm:
             report["sampler"] = f"vLLM ({self.args.sampler_precision})"
         if self.nvfp4_learner_report is not None:
-            report["learner"] = _report_text(self.nvfp4_learner_report)
+            report["learner"] = ", ".join(f"{k}={v}" for k, v in self.nvfp4_learner_report.summary().items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
         return report
 
 
-@contextlib.contextmanager
-def _vllm_generation_factory(factory):
-    """THE seam for the sampler: while TRL's ``GRPOTrainer.__init__`` runs, the name ``VLLMGeneration`` in
-    ``trl.trainer.grpo_trainer`` (the class TRL instantiates for ``use_vllm=True``) points at ``factory``."""
-    if factory is None:
-        yield
-        return
-    import trl.trainer.grpo_trainer as grpo_module
-
-    original = grpo_module.VLLMGeneration
-    grpo_module.VLLMGeneration = factory
-    try:
-        yield
-    finally:
-        grpo_module.VLLMGeneration = original
+def _triage_args(model, args) -> TriageGRPOConfig:
+    if args is None:
+        name = model if isinstance(model, str) else model.config._name_or_path
+        return TriageGRPOConfig(f"{str(name).split('/')[-1]}-TRIAGE-GRPO")
+    if not isinstance(args, TriageGRPOConfig):
+        raise TypeError(
+            f"TriageGRPOTrainer needs a TriageGRPOConfig; got {type(args).__name__}. Build one with the same fields "
+            "plus the triage_* settings, e.g. TriageGRPOConfig(output_dir=..., learning_rate=..., triage_mode='full')."
+        )
+    return args
 
 
 def _calibration_prompts(train_dataset, n: int) -> list:
@@ -385,16 +327,5 @@ def _calibration_prompts(train_dataset, n: int) -> list:
     return list(column)
 
 
-def _report_text(report) -> str:
-    """One line for a card or log: a report's ``summary()`` counts when it has them, else its text."""
-    if isinstance(report, str):
-        return report
-    summary = getattr(report, "summary", None)
-    summary = summary() if callable(summary) else summary
-    if isinstance(summary, dict):
-        return ", ".join(f"{k}={v}" for k, v in summary.items())
-    if summary is not None:
-        return str(summary)
-    if isinstance(report, dict):
-        return ", ".join(f"{k}={v}" for k, v in report.items())
-    return str(report)
+def _tokenizer_of(processing_class):
+    return getattr(processing_class, "tokenizer", None) or processing_class

@@ -1,0 +1,95 @@
+"""Process-wide settings for in-process vLLM engines, in one place, restored on exit.
+
+An in-process vLLM engine reads environment variables when it starts (and then caches every vLLM variable for the
+rest of the process), and its CPU worker binds the process to its cores and replaces ``torch.set_num_threads`` with
+a no-op. The demo, the stability lab, ``triage-eval``, the CLI and the tests enter :func:`vllm_process_settings`
+around the life of their engines; :func:`preserved_torch_threads` is what every engine start uses so the learner
+keeps its threads. Source: vLLM 0.31 ``vllm/envs.py`` (``disable_envs_cache``) and its CPU worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+IN_PROCESS_VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: one-call weight sync, CPU NVFP4 kernel
+    "TOKENIZERS_PARALLELISM": "false",  # tokenizers' thread pool would fight the learner for the cores
+}
+DEFAULT_CPU_KV_CACHE_GIB = 1
+
+
+@contextlib.contextmanager
+def vllm_process_settings(
+    *,
+    cpu_kv_cache_gib: float | None = None,
+    disabled_kernels: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[None]:
+    """Environment and threads for in-process vLLM engines started inside the block; everything restored after.
+
+    Args:
+        cpu_kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) for vLLM's CPU build. ``None`` keeps a value already in the
+            environment, else uses 1 GiB.
+        disabled_kernels: vLLM linear kernel class names to skip at kernel selection (``VLLM_DISABLED_KERNELS``,
+            added to any already set).
+        env: further variables to set.
+
+    Sets :data:`IN_PROCESS_VLLM_ENV`, clears vLLM's environment cache on entry and on exit (vLLM caches every
+    variable once an engine has started, so later engines of the process would not see the new values), and puts
+    back torch's thread count, ``torch.set_num_threads`` and the CPU affinity on exit.
+    """
+    values = dict(IN_PROCESS_VLLM_ENV)
+    kv = cpu_kv_cache_gib if cpu_kv_cache_gib is not None else os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    values["VLLM_CPU_KVCACHE_SPACE"] = str(kv if kv is not None else DEFAULT_CPU_KV_CACHE_GIB)
+    if disabled_kernels:
+        current = [k for k in os.environ.get("VLLM_DISABLED_KERNELS", "").split(",") if k]
+        values["VLLM_DISABLED_KERNELS"] = ",".join(dict.fromkeys([*current, *disabled_kernels]))
+    values.update(env or {})
+    with environment_overrides(values), preserved_torch_threads():
+        yield
+
+
+@contextlib.contextmanager
+def environment_overrides(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the block and put back what was there before (also on error); vLLM's
+    environment cache is cleared on entry and exit so engines started inside read the new values."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    _clear_vllm_env_cache()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _clear_vllm_env_cache()
+
+
+@contextlib.contextmanager
+def preserved_torch_threads() -> Iterator[None]:
+    """Put back torch's own ``set_num_threads``, the thread count and the CPU affinity when the block exits (also on
+    error). vLLM's CPU worker binds the process to its cores and makes ``torch.set_num_threads`` a warning no-op,
+    which would leave the learner on one thread."""
+    threads = torch.get_num_threads()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = torch._C.set_num_threads
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+
+
+def _clear_vllm_env_cache() -> None:
+    try:
+        from vllm import envs
+    except ImportError:  # vLLM is optional for the objective and the NVFP4 numerics
+        return
+    envs.disable_envs_cache()

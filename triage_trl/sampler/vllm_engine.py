@@ -1,0 +1,251 @@
+"""The project's one vLLM start, used by the TRIAGE sampler and ``triage-eval``: write the checkpoint the engine
+serves, start an in-process ``vllm.LLM`` on it, and report which kernels really run.
+
+Source: vLLM 0.31 (``register_linear_kernel``, ``VLLM_DISABLED_KERNELS``, ``LLM.apply_model``,
+``LinearBase.quant_method``); the checkpoint formats in ``docs/nvfp4.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from ..runtime import environment_overrides, preserved_torch_threads
+
+SAMPLER_DTYPE = torch.bfloat16
+NVFP4CpuKernel = Literal["fast", "emulation"]
+_QUANT_SCALE_SUFFIXES = (".weight_scale", ".weight_global_scale", ".input_global_scale", ".weight_packed")
+_REGISTERED_CPU_KERNELS: set[str] = set()
+
+__all__ = [
+    "SAMPLER_DTYPE",
+    "finish_sampler_checkpoint",
+    "inspect_kernels",
+    "needs_cast",
+    "sampler_tensors",
+    "start_engine",
+    "to_sampler_dtype",
+    "write_engine_checkpoint",
+]
+
+
+def start_engine(
+    checkpoint_dir: str | os.PathLike,
+    precision: str,
+    *,
+    nvfp4_cpu_kernel: NVFP4CpuKernel = "fast",
+    **llm_kwargs,
+):
+    """Start ``vllm.LLM`` in this process on a checkpoint written by :func:`write_engine_checkpoint`.
+
+    Args:
+        checkpoint_dir: the folder served (model and tokenizer).
+        precision: ``"bf16"`` or ``"nvfp4"`` (the checkpoint's format; checked against the loaded layers).
+        nvfp4_cpu_kernel: on vLLM's CPU platform, which NVFP4 linear kernel runs: ``"fast"``
+            (:class:`~triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`) or ``"emulation"`` (vLLM's own
+            ``EmulationNvFp4LinearKernel``, a reference). Both are registered through vLLM's public
+            ``register_linear_kernel``; the other one is skipped through ``VLLM_DISABLED_KERNELS`` at start.
+        **llm_kwargs: ``vllm.LLM`` arguments; ours (bf16, the checkpoint's tokenizer, eager on CPU) are defaults.
+
+    Returns:
+        ``(llm, kernel_report)``: the engine and :func:`inspect_kernels`'s report.
+
+    Raises:
+        ValueError: NVFP4 on vLLM's CPU platform with the engine core in a subprocess
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` and no ``external_launcher``): our CPU kernel is registered in
+            this process. Enter :func:`triage_trl.runtime.vllm_process_settings` first.
+        RuntimeError: ``precision="nvfp4"`` but vLLM loaded no NVFP4 layer.
+    """
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    in_process = (
+        os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        or llm_kwargs.get("distributed_executor_backend") == "external_launcher"
+    )
+    disabled: tuple[str, ...] = ()
+    if precision == "nvfp4" and on_cpu:
+        if not in_process:
+            raise ValueError(
+                "NVFP4 on vLLM's CPU platform runs a kernel registered in this process, but the engine core would "
+                "start in a subprocess. Wrap the run in `with triage_trl.runtime.vllm_process_settings():` (or set "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0)."
+            )
+        disabled = _register_cpu_nvfp4_kernels(nvfp4_cpu_kernel)
+    kwargs = dict(model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), dtype=SAMPLER_DTYPE)
+    if on_cpu:
+        kwargs["enforce_eager"] = True
+    kwargs.update(llm_kwargs)
+    disabled_env = ",".join([*filter(None, os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")), *disabled])
+    with environment_overrides({"VLLM_DISABLED_KERNELS": disabled_env} if disabled else {}), preserved_torch_threads():
+        llm = LLM(**kwargs)
+    if not in_process:
+        return llm, {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a subprocess)"}
+    return llm, inspect_kernels(llm, precision, checkpoint_dir)
+
+
+def _register_cpu_nvfp4_kernels(chosen: NVFP4CpuKernel) -> tuple[str, ...]:
+    """Register both CPU NVFP4 kernels once per process; return the class names to disable for ``chosen``."""
+    from vllm.model_executor.kernels.linear import EmulationNvFp4LinearKernel, register_linear_kernel
+    from vllm.platforms import PlatformEnum
+
+    from .cpu_kernel import FastCpuNvFp4LinearKernel
+
+    kernels = {"fast": FastCpuNvFp4LinearKernel, "emulation": EmulationNvFp4LinearKernel}
+    if chosen not in kernels:
+        raise ValueError(f"nvfp4_cpu_kernel={chosen!r} is invalid: use 'fast' or 'emulation'.")
+    for kernel in kernels.values():
+        if kernel.__name__ not in _REGISTERED_CPU_KERNELS:
+            register_linear_kernel(kernel, PlatformEnum.CPU, "nvfp4")
+            _REGISTERED_CPU_KERNELS.add(kernel.__name__)
+    return tuple(k.__name__ for name, k in kernels.items() if name != chosen)
+
+
+def write_engine_checkpoint(
+    out_dir: str | os.PathLike,
+    precision: str,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    config,
+    tokenizer,
+    quantization_config=None,
+) -> Path:
+    """Write the folder an engine serves: ``model.safetensors`` (floating tensors other than NVFP4 data and scales
+    in bf16), ``config.json`` (dtype bf16, and the compressed-tensors ``quantization_config`` for NVFP4) and the
+    tokenizer.
+
+    Args:
+        out_dir: created if missing; files are overwritten.
+        precision: ``"bf16"`` or ``"nvfp4"``.
+        named_tensors: checkpoint-format ``(name, tensor)`` pairs (for NVFP4, from the NVFP4 export's iterator).
+        config: the model's ``PretrainedConfig``.
+        tokenizer: saved alongside (``None``: not saved).
+        quantization_config: compressed-tensors ``QuantizationConfig`` (required for ``"nvfp4"``).
+
+    Raises:
+        ValueError: ``"nvfp4"`` without a ``quantization_config``.
+    """
+    from safetensors.torch import save_file
+
+    if precision == "nvfp4" and quantization_config is None:
+        raise ValueError("an NVFP4 engine checkpoint needs its compressed-tensors quantization_config.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in sampler_tensors(named_tensors)}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    if quantization_config is not None:
+        from compressed_tensors.compressors import ModelCompressor
+
+        ModelCompressor(quantization_config=quantization_config).update_config(str(out))
+    finish_sampler_checkpoint(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def finish_sampler_checkpoint(out_dir: str | os.PathLike) -> None:
+    """Make ``config.json`` say the engine runs bf16 (vLLM reads the dtype there), and check it parses."""
+    cfg_path = Path(out_dir) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["torch_dtype"] = cfg["dtype"] = str(SAMPLER_DTYPE).removeprefix("torch.")
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
+    """Which linear kernels and precisions the engine really runs (for logs and model cards).
+
+    Args:
+        llm: an in-process ``vllm.LLM``.
+        precision: the precision the checkpoint was written in, ``"bf16"`` or ``"nvfp4"``.
+        checkpoint_dir: the served checkpoint, named in the error.
+
+    Returns:
+        ``{"platform", "sampler_precision", "dtype", "weights", "activations", "linear_kernels"[, "gemm"]}``.
+
+    Raises:
+        RuntimeError: ``precision="nvfp4"`` but vLLM loaded no NVFP4 linear layer.
+    """
+    from vllm.platforms import current_platform
+
+    counts, gemms = llm.apply_model(_count_linear_kernels)[0]
+    kernels = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+    nvfp4 = [k for k in counts if "FP4" in k.upper()]
+    weight_only = any("A16" in k or "Marlin" in k for k in nvfp4)
+    if precision == "nvfp4":
+        activations = "bf16 (weight-only NVFP4 kernel)" if weight_only else "nvfp4 (static per-tensor scale)"
+        weights = "nvfp4 (E2M1, E4M3 block scales /16, fp32 tensor scale)"
+    else:
+        activations, weights = "bf16", "bf16"
+    device = current_platform.device_type
+    if device == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        device = f"{torch.cuda.get_device_name()} (sm{major}{minor})"
+    report = {
+        "platform": device,
+        "sampler_precision": precision,
+        "dtype": str(SAMPLER_DTYPE).removeprefix("torch."),
+        "weights": weights,
+        "activations": activations,
+        "linear_kernels": kernels,
+    }
+    if gemms:
+        report["gemm"] = ", ".join(sorted(gemms))
+    if precision == "nvfp4" and not nvfp4:
+        raise RuntimeError(
+            f"sampler_precision='nvfp4' but vLLM loaded no NVFP4 linear layer ({kernels}); the checkpoint in "
+            f"{checkpoint_dir} was not read as compressed-tensors NVFP4."
+        )
+    return report
+
+
+def _count_linear_kernels(model) -> tuple[dict[str, int], set[str]]:
+    """Per linear-kernel label, how many of the model's linear layers run it; and the fast CPU kernel's GEMM paths."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    counts: dict[str, int] = {}
+    gemms: set[str] = set()
+    for module in model.modules():
+        if not isinstance(module, LinearBase):
+            continue
+        method = getattr(module, "quant_method", None)
+        scheme = getattr(module, "scheme", None)
+        kernel = getattr(scheme, "kernel", None) or getattr(method, "kernel", None)
+        label = type(kernel).__name__ if kernel is not None else type(method).__name__
+        if scheme is not None:
+            label = f"{type(scheme).__name__}/{label}"
+        counts[label] = counts.get(label, 0) + 1
+        cache = getattr(module, "nvfp4_dequantised", None)
+        if cache is not None:
+            gemms.add(cache.gemm_name)
+    return counts, gemms
+
+
+_FLOAT_DTYPES_KEPT = (SAMPLER_DTYPE, torch.float8_e4m3fn)
+
+
+def needs_cast(name: str, tensor: torch.Tensor) -> bool:
+    """Whether a checkpoint tensor must be cast to the sampler's dtype: floating, not already bf16/fp8, and not an
+    NVFP4 scale or packed weight (which keep their own dtypes)."""
+    return (
+        tensor.dtype.is_floating_point
+        and tensor.dtype not in _FLOAT_DTYPES_KEPT
+        and not name.endswith(_QUANT_SCALE_SUFFIXES)
+    )
+
+
+def to_sampler_dtype(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy in the sampler's dtype when floating, else the tensor itself."""
+    tensor = tensor.detach()
+    return tensor.to(SAMPLER_DTYPE) if tensor.is_floating_point() and tensor.dtype != SAMPLER_DTYPE else tensor
+
+
+def sampler_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs as the engine stores them (floating tensors other than NVFP4 data/scales in bf16)."""
+    for name, tensor in named_tensors:
+        yield name, (to_sampler_dtype(tensor) if needs_cast(name, tensor) else tensor)
