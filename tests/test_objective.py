@@ -53,7 +53,7 @@ def test_hand_computed_rebalancing_and_repair():
     assert m["amp_imbalance"] == 2.0  # 2 / (0 + 1)
     assert m["hot_segment_frac"] == 1.0 and m["tail_in_hot_frac"] == 1.0 and m["tail_concentration"] == 1.0
     assert m["rebalanced_frac"] == 0.5 and m["repaired_frac"] == 0.25
-    assert m["gap_mean"] == pytest.approx(0.375)
+    assert m["gap_mean"] == pytest.approx(0.375) and m["log_ppl_diff"] == pytest.approx(-0.375)  # verl's sign
     assert m["k3_kl"] == pytest.approx(np.mean([math.expm1(g) - g for g in (-0.5, -0.25, 0.25, 2.0)]), rel=1e-6)
     assert m["weight_min"] == 0.25 and m["weight_max"] == 2.0 and m["weight_mean"] == pytest.approx(0.875)
 
@@ -182,6 +182,16 @@ def test_gradients_never_flow_through_weights():
     loss = -(r.weights * ratio * adv[:, None] * mask).sum()
     loss.backward()
     torch.testing.assert_close(logps.grad, -(r.weights * adv[:, None] * mask))
+
+
+def test_metric_documentation_says_what_diagnose_mode_reports():
+    from triage_trl import METRICS
+
+    assert tuple(METRICS) == METRIC_NAMES and all(METRICS.values())
+    full_mode = {"beta", "rebalanced_frac", "repaired_frac", "weight_mean", "weight_min", "weight_max"}
+    for name, meaning in METRICS.items():
+        assert ("In diagnose mode: what full mode would apply" in meaning) == (name in full_mode), name
+    assert "verl's log_ppl_diff (same sign)" in METRICS["log_ppl_diff"]
 
 
 def test_diagnose_reports_what_full_would_apply():
