@@ -2,7 +2,7 @@
 
 ``docs/objective.md`` is the spec (a reconstruction of arXiv 2610.07043 from its abstract) and lists
 the choices made where it is silent. :func:`triage_weights` composes the steps of :mod:`.steps`
-(one small function per spec step) and the metrics of :mod:`.metrics`; no TRL import.
+(one small function per step) and the metrics of :mod:`.metrics`; no TRL import.
 """
 
 from .metrics import METRIC_NAMES, METRICS, Diagnosis, triage_metrics

@@ -136,7 +136,8 @@ def exclude_zero_signal(
         return DiagnosedTokens(advantages, measured.abs_gap, mask_f, count)
     signal_rows = (~zero_signal).float()[:, None]
     mask_f = mask_f * signal_rows
-    return DiagnosedTokens(advantages * signal_rows, measured.abs_gap * signal_rows, mask_f, int(mask_f.sum()))
+    count = int(torch.count_nonzero(mask_f))  # exact at any size, unlike a float32 sum
+    return DiagnosedTokens(advantages * signal_rows, measured.abs_gap * signal_rows, mask_f, count)
 
 
 # --------------------------------------------------------------------------------------- step 2

@@ -69,7 +69,7 @@ def triage_weights(
     """
     num_segments = _check_inputs(old_logps, sampler_logps, advantages, mask, segment_ids, zero_signal)
     if config.triage_mode == "off":
-        return TriageResult(torch.ones(old_logps.shape, device=old_logps.device), {})
+        return TriageResult(torch.ones(old_logps.shape, dtype=torch.float32, device=old_logps.device), {})
     valid = mask.detach()
     valid = valid if valid.dtype == torch.bool else valid != 0
     old = old_logps.detach().float()
