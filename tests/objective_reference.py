@@ -1,4 +1,4 @@
-"""A plain, per-sequence Python reference of the TRIAGE objective (spec steps 1-9).
+"""A plain, per-sequence Python reference of the TRIAGE objective (steps 1-9 of docs/objective.md).
 
 Loops over sequences and tokens, Python floats, no torch. Inputs are float32 on the torch side, so
 the reference rounds the gap and the thresholds it compares against to float32 (as torch does when
@@ -34,15 +34,29 @@ def reference_segment_ids(token_ids, mode, max_tokens, newline_ids):
     return out
 
 
-def reference_triage(old, sampler, adv, mask, seg_ids, cfg):
-    """Returns (weights as nested lists, metrics dict). `adv` is per sequence (list) or per token."""
+class ReferenceSamplerBroken(Exception):
+    """The reference's counterpart of NonFiniteSamplerLogprobsError."""
+
+
+def reference_triage(old, sampler, adv, mask, seg_ids, cfg, zero_signal=None):
+    """Returns (weights as nested lists, metrics dict). `adv` is per sequence (list) or per token.
+
+    Raises ReferenceSamplerBroken when too many valid tokens have a non-finite sampler log-prob.
+    """
     B = len(old)
     T = len(old[0]) if B else 0
+    zero_signal = [bool(z) for z in zero_signal] if zero_signal is not None else [False] * B
     per_token_adv = B > 0 and isinstance(adv[0], (list, tuple))
     A = [[float(adv[b][t]) if per_token_adv else float(adv[b]) for t in range(T)] for b in range(B)]
     valid = [[bool(mask[b][t]) for t in range(T)] for b in range(B)]
     measured = [[valid[b][t] and math.isfinite(sampler[b][t]) for t in range(T)] for b in range(B)]
     nonfinite = [[valid[b][t] and not math.isfinite(sampler[b][t]) for t in range(T)] for b in range(B)]
+    # diagnosed: measured tokens of completions whose group had reward spread
+    diag = [[measured[b][t] and not zero_signal[b] for t in range(T)] for b in range(B)]
+    n_valid = sum(map(sum, valid))
+    n_nonfinite = sum(map(sum, nonfinite))
+    if n_nonfinite > cfg.triage_nonfinite_max_frac * n_valid:
+        raise ReferenceSamplerBroken(n_nonfinite, n_valid)
     gap = [
         [float(np.float32(old[b][t]) - np.float32(sampler[b][t])) if measured[b][t] else 0.0 for t in range(T)]
         for b in range(B)
@@ -55,23 +69,23 @@ def reference_triage(old, sampler, adv, mask, seg_ids, cfg):
     for b in range(B):
         for t in range(T):
             a, g = sign(A[b][t]), sign(gap[b][t]) * cfg.triage_gap_sign
-            if a == 0 or g == 0:
+            if not diag[b][t] or a == 0 or g == 0:
                 continue
             quad[b][t] = ("N" if a < 0 else "P") + ("A" if a == g else "C")
 
-    abs_values = sorted(abs(gap[b][t]) for b in range(B) for t in range(T) if measured[b][t])
+    abs_values = sorted(abs(gap[b][t]) for b in range(B) for t in range(T) if diag[b][t])
     tau = cfg.triage_tail_min_gap
     if abs_values:
         k = min(len(abs_values), max(1, math.ceil(cfg.triage_tail_quantile * len(abs_values))))
         tau = max(tau, abs_values[k - 1])
-    tail = [[measured[b][t] and abs(gap[b][t]) >= f32(tau) for t in range(T)] for b in range(B)]
+    tail = [[diag[b][t] and abs(gap[b][t]) >= f32(tau) for t in range(T)] for b in range(B)]
     amp_tail = [[tail[b][t] and quad[b][t] in ("NA", "PA") for t in range(T)] for b in range(B)]
 
-    segments = {}  # (b, s) -> [n, k]
+    segments = {}  # (b, s) -> [n diagnosed tokens, k amplifying tail tokens]
     for b in range(B):
         for t in range(T):
             n_k = segments.setdefault((b, seg_ids[b][t]), [0, 0])
-            n_k[0] += valid[b][t]
+            n_k[0] += diag[b][t]
             n_k[1] += amp_tail[b][t]
     hot = {
         key: k >= cfg.triage_hot_min_tokens and (k / n if n else 0.0) >= cfg.triage_hot_density
@@ -98,42 +112,39 @@ def reference_triage(old, sampler, adv, mask, seg_ids, cfg):
         for t in range(T):
             if not valid[b][t]:
                 continue
+            if nonfinite[b][t]:
+                weights[b][t] = 0.0  # unmeasured: no update, in every repair mode
+                continue
             w = 1.0
             if beta < 1.0 and in_hot[b][t] and quad[b][t] == heavy:
                 if cfg.triage_rebalance_scope == "segment" or tail[b][t]:
                     w, rebalanced[b][t] = beta, True
-            is_severe = A[b][t] != 0 and (
-                nonfinite[b][t] or (measured[b][t] and abs(gap[b][t]) >= f32(cfg.triage_severe_gap))
-            )
+            is_severe = diag[b][t] and A[b][t] != 0 and abs(gap[b][t]) >= f32(cfg.triage_severe_gap)
             if is_severe and cfg.triage_repair_mode != "none":
                 severe[b][t] = True
                 if cfg.triage_repair_mode == "mask":
                     w = 0.0
                 else:
-                    if nonfinite[b][t]:
-                        r = 1.0 / C if sampler[b][t] == math.inf else C
-                    else:
-                        g = gap[b][t]
-                        r = min(C, max(1.0 / C, math.exp(sign(g) * (abs(g) - cfg.triage_severe_gap))))
-                    w *= r
+                    g = gap[b][t]
+                    w *= min(C, max(1.0 / C, math.exp(sign(g) * (abs(g) - cfg.triage_severe_gap))))
             weights[b][t] = w
 
-    n_valid = sum(map(sum, valid))
     n_meas = sum(map(sum, measured))
-    dv, dm = max(n_valid, 1), max(n_meas, 1)
+    n_diag = sum(map(sum, diag))
+    dv, dm, dd = max(n_valid, 1), max(n_meas, 1), max(n_diag, 1)
     m = {}
     cells = [(b, t) for b in range(B) for t in range(T)]
+    # mismatch metrics: every measured token, zero-signal groups included (gap is 0 elsewhere)
     m["gap_mean"] = sum(gap[b][t] for b, t in cells) / dm
     m["gap_abs_mean"] = sum(abs(gap[b][t]) for b, t in cells) / dm
     m["gap_abs_max"] = max((abs(gap[b][t]) for b, t in cells), default=0.0)
     m["k3_kl"] = sum(math.expm1(min(gap[b][t], 80.0)) - gap[b][t] for b, t in cells if measured[b][t]) / dm
-    seq_means = [
-        sum(gap[b]) / sum(measured[b]) for b in range(B) if sum(measured[b]) > 0
-    ]
+    # verl's sign: mean sampler log-prob - mean learner log-prob per sequence = log PPL(learner) - log PPL(sampler)
+    seq_means = [-sum(gap[b]) / sum(measured[b]) for b in range(B) if sum(measured[b]) > 0]
     m["log_ppl_diff"] = sum(seq_means) / len(seq_means) if seq_means else 0.0
-    m["nonfinite_sampler_frac"] = sum(map(sum, nonfinite)) / dv
+    m["nonfinite_sampler_frac"] = n_nonfinite / dv
     for q in QUADRANTS:
-        m[f"frac_{q}"] = sum(quad[b][t] == q for b, t in cells) / dv
+        m[f"frac_{q}"] = sum(quad[b][t] == q for b, t in cells) / dd
     for q in QUADRANTS:
         m[f"tail_count_{q}"] = float(sum(quad[b][t] == q and tail[b][t] for b, t in cells))
     m["amp_imbalance"] = m["tail_count_NA"] / (m["tail_count_PA"] + 1.0)
@@ -148,8 +159,8 @@ def reference_triage(old, sampler, adv, mask, seg_ids, cfg):
         counts = sorted((segments[key][1] for key in nonempty), reverse=True)
         m["tail_concentration"] = sum(counts[:top]) / total_amp_tail
     m["beta"] = beta
-    m["rebalanced_frac"] = sum(map(sum, rebalanced)) / dv
-    m["repaired_frac"] = sum(map(sum, severe)) / dv
+    m["rebalanced_frac"] = sum(map(sum, rebalanced)) / dd
+    m["repaired_frac"] = sum(map(sum, severe)) / dd
     valid_weights = [weights[b][t] for b, t in cells if valid[b][t]]
     m["weight_mean"] = sum(valid_weights) / dv if valid_weights else 1.0
     m["weight_min"] = min(valid_weights, default=1.0)

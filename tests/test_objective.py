@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from triage_trl import METRIC_NAMES, TriageConfig, segment_ids, triage_weights
-from triage_trl.objective import order_statistic_rank
+from triage_trl import METRIC_NAMES, NonFiniteSamplerLogprobsError, TriageConfig, segment_ids, triage_weights
+from triage_trl.objective import kth_smallest, order_statistic_rank
 
 
 def random_batch(B=6, T=40, seed=0, gap_scale=0.4):
@@ -53,7 +53,7 @@ def test_hand_computed_rebalancing_and_repair():
     assert m["amp_imbalance"] == 2.0  # 2 / (0 + 1)
     assert m["hot_segment_frac"] == 1.0 and m["tail_in_hot_frac"] == 1.0 and m["tail_concentration"] == 1.0
     assert m["rebalanced_frac"] == 0.5 and m["repaired_frac"] == 0.25
-    assert m["gap_mean"] == pytest.approx(0.375)
+    assert m["gap_mean"] == pytest.approx(0.375) and m["log_ppl_diff"] == pytest.approx(-0.375)  # verl's sign
     assert m["k3_kl"] == pytest.approx(np.mean([math.expm1(g) - g for g in (-0.5, -0.25, 0.25, 2.0)]), rel=1e-6)
     assert m["weight_min"] == 0.25 and m["weight_max"] == 2.0 and m["weight_mean"] == pytest.approx(0.875)
 
@@ -184,6 +184,16 @@ def test_gradients_never_flow_through_weights():
     torch.testing.assert_close(logps.grad, -(r.weights * adv[:, None] * mask))
 
 
+def test_metric_documentation_says_what_diagnose_mode_reports():
+    from triage_trl import METRICS
+
+    assert tuple(METRICS) == METRIC_NAMES and all(METRICS.values())
+    full_mode = {"beta", "rebalanced_frac", "repaired_frac", "weight_mean", "weight_min", "weight_max"}
+    for name, meaning in METRICS.items():
+        assert ("In diagnose mode: what full mode would apply" in meaning) == (name in full_mode), name
+    assert "verl's log_ppl_diff (same sign)" in METRICS["log_ppl_diff"]
+
+
 def test_diagnose_reports_what_full_would_apply():
     old, sampler, adv, mask, seg = random_batch(seed=4, gap_scale=1.0)
     full = run(old, sampler, adv, mask, seg, **hot_config())
@@ -260,20 +270,43 @@ def test_nonfinite_learner_logps_or_advantages_raise():
     _all_finite(run(bad, sampler, adv, mask, seg))
 
 
-def test_nonfinite_sampler_logps_are_severe_and_counted():
+@pytest.mark.parametrize("repair", ["excess_is", "mask", "none"])
+def test_nonfinite_sampler_logps_get_weight_zero_and_are_counted(repair):
     old = torch.full((2, 4), -1.0)
-    sampler = torch.tensor([[-math.inf, math.nan, -1.0, -1.0], [math.inf, -1.0, -1.0, -1.0]])
+    sampler = torch.tensor([[-math.inf, math.nan, -1.0, -1.0], [math.inf, -1.0, -1.5, -1.0]])
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 4, dtype=torch.bool)
     seg = torch.zeros(2, 4, dtype=torch.long)
-    r = run(old, sampler, adv, mask, seg)
+    r = run(old, sampler, adv, mask, seg, triage_repair_mode=repair, triage_nonfinite_max_frac=0.5)
     _all_finite(r)
-    assert r.metrics["nonfinite_sampler_frac"] == 3 / 8
-    assert r.metrics["repaired_frac"] == 3 / 8
-    assert r.metrics["gap_abs_max"] == 0.0  # the finite tokens match exactly
-    torch.testing.assert_close(r.weights, torch.tensor([[2.0, 2.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0]]))
-    r = run(old, sampler, adv, mask, seg, triage_repair_mode="mask")
-    assert r.weights[0, :2].tolist() == [0.0, 0.0] and r.weights[1, 0] == 0.0
+    torch.testing.assert_close(r.weights, torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0]]))
+    m = r.metrics
+    assert m["nonfinite_sampler_frac"] == 3 / 8 and m["repaired_frac"] == 0.0 and m["weight_min"] == 0.0
+    # out of the mismatch metrics and the diagnosis: 5 measured tokens, one gap of +0.5 (A < 0: NC)
+    assert m["gap_abs_max"] == 0.5 and m["gap_mean"] == pytest.approx(0.1)
+    assert m["frac_NC"] == 1 / 5 and m["tau"] == 0.5 and m["tail_count_NC"] == 1.0
+    # log_ppl_diff (verl's sign): row 0 has mean gap 0, row 1 mean gap 0.5 / 3 -> -(0 + 1/6) / 2
+    assert m["log_ppl_diff"] == pytest.approx(-1 / 12)
+
+
+def test_nonfinite_sampler_share_above_the_bound_raises():
+    old = torch.full((1, 100), -1.0)
+    mask = torch.ones(1, 100, dtype=torch.bool)
+    seg = torch.zeros(1, 100, dtype=torch.long)
+    sampler = old.clone()
+    sampler[0, 0] = math.nan  # 1 of 100 valid tokens: at the default bound 0.01, allowed
+    r = run(old, sampler, torch.tensor([1.0]), mask, seg)
+    assert r.metrics["nonfinite_sampler_frac"] == 0.01 and r.weights[0, 0] == 0.0
+    sampler[0, 1] = -math.inf  # 2 of 100: above it
+    for mode in ("full", "diagnose"):
+        with pytest.raises(NonFiniteSamplerLogprobsError, match=r"2 of 100 valid tokens .*sampler is broken.*logprobs"):
+            run(old, sampler, torch.tensor([1.0]), mask, seg, triage_mode=mode)
+    assert issubclass(NonFiniteSamplerLogprobsError, RuntimeError)
+    run(old, sampler, torch.tensor([1.0]), mask, seg, triage_mode="off")  # off computes nothing
+    run(old, sampler, torch.tensor([1.0]), mask, seg, triage_nonfinite_max_frac=0.02)
+    # masked positions do not count, whatever they hold
+    mask[0, :2] = False
+    assert run(old, sampler, torch.tensor([1.0]), mask, seg).metrics["nonfinite_sampler_frac"] == 0.0
 
 
 def test_all_masked_batch():
@@ -341,8 +374,6 @@ def test_past_two_to_the_24_tokens():
 @pytest.mark.parametrize("kind", ["uniform", "ties", "constant", "sorted", "heavy_tail", "mostly_zero"])
 def test_kth_smallest_is_exact_on_every_path(kind):
     """The sampled-bound shortcut of the order statistic must return exactly torch.kthvalue's value."""
-    from triage_trl.objective import _kth_smallest
-
     g = torch.Generator().manual_seed(0)
     n = 300_000
     values = {
@@ -354,4 +385,4 @@ def test_kth_smallest_is_exact_on_every_path(kind):
         "mostly_zero": (torch.rand(n, generator=g) < 0.01) * torch.rand(n, generator=g),
     }[kind]
     for k in (1, n // 2, n - n // 20, n - n // 50, n - 100, n - 1, n):
-        assert _kth_smallest(values, k) == float(values.kthvalue(k).values), k
+        assert kth_smallest(values, k) == float(values.kthvalue(k).values), k

@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from objective_reference import reference_segment_ids, reference_triage
-from triage_trl import METRIC_NAMES, TriageConfig, segment_ids, triage_weights
+from objective_reference import ReferenceSamplerBroken, reference_segment_ids, reference_triage
+from triage_trl import METRIC_NAMES, NonFiniteSamplerLogprobsError, TriageConfig, segment_ids, triage_weights
 
 VOCAB = 12
 NEWLINE_IDS = {0, 5}  # token ids whose text holds "\n" in this synthetic vocabulary
@@ -44,6 +44,17 @@ def batches(draw):
     else:
         adv = draw(st.lists(advantage, min_size=B, max_size=B))
     ids = draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=T, max_size=T), min_size=B, max_size=B))
+    zero_signal = None
+    if draw(st.booleans()):
+        zero_signal = draw(st.lists(st.booleans(), min_size=B, max_size=B))
+        # TRL's advantage of an all-equal group is a float32 rounding residue, not 0 (0.35 x 8 -> +2.98e-4)
+        residue = draw(st.sampled_from([0.0, 2.98e-4, -2.98e-4]))
+        for b in range(B):
+            if zero_signal[b]:
+                if per_token:
+                    adv[b] = [residue] * T
+                else:
+                    adv[b] = residue
     cfg = TriageConfig(
         triage_mode=draw(st.sampled_from(["full", "full", "diagnose", "off"])),
         triage_gap_sign=draw(st.sampled_from([1, -1])),
@@ -58,8 +69,9 @@ def batches(draw):
         triage_repair_mode=draw(st.sampled_from(["excess_is", "mask", "none"])),
         triage_severe_gap=draw(st.sampled_from([math.log(2.0), 0.5, 1.0])),
         triage_repair_clip=draw(st.sampled_from([1.0, 2.0, 4.0])),
+        triage_nonfinite_max_frac=draw(st.sampled_from([1.0, 1.0, 1.0, 0.25, 0.01, 0.0])),
     )
-    return old, sampler, adv, mask, ids, cfg
+    return old, sampler, adv, mask, ids, zero_signal, cfg
 
 
 def _assert_metrics_close(got, want):
@@ -72,7 +84,7 @@ def _assert_metrics_close(got, want):
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_vectorised_equals_reference(batch):
-    old, sampler, adv, mask, ids, cfg = batch
+    old, sampler, adv, mask, ids, zero_signal, cfg = batch
     old_t = torch.tensor(old, dtype=torch.float32)
     sampler_t = torch.tensor(sampler, dtype=torch.float32)
     adv_t = torch.tensor(adv, dtype=torch.float32)
@@ -85,7 +97,18 @@ def test_vectorised_equals_reference(batch):
     ref_seg = reference_segment_ids(ids, cfg.triage_segment_mode, cfg.triage_segment_max_tokens, NEWLINE_IDS)
     assert seg.tolist() == ref_seg
 
-    result = triage_weights(old_t, sampler_t, adv_t, mask_t, seg, cfg)
+    zero_signal_t = None if zero_signal is None else torch.tensor(zero_signal, dtype=torch.bool)
+    ref_args = (old_t.tolist(), sampler_t.tolist(), adv_t.tolist(), mask, ref_seg, cfg, zero_signal)
+    if cfg.triage_mode != "off":
+        try:
+            ref_weights, ref_metrics = reference_triage(*ref_args)  # the reference sees torch's float32 values
+        except ReferenceSamplerBroken:
+            event("sampler broken: raises")
+            with pytest.raises(NonFiniteSamplerLogprobsError, match="the sampler is broken"):
+                triage_weights(old_t, sampler_t, adv_t, mask_t, seg, cfg, zero_signal=zero_signal_t)
+            return
+
+    result = triage_weights(old_t, sampler_t, adv_t, mask_t, seg, cfg, zero_signal=zero_signal_t)
     assert result.weights.shape == old_t.shape and result.weights.dtype == torch.float32
     assert not result.weights.requires_grad
     assert torch.isfinite(result.weights).all()
@@ -94,14 +117,12 @@ def test_vectorised_equals_reference(batch):
         assert torch.equal(result.weights, torch.ones_like(old_t))
         return
 
-    # the reference sees exactly the float32 values torch sees
-    ref_weights, ref_metrics = reference_triage(
-        old_t.tolist(), sampler_t.tolist(), adv_t.tolist(), mask, ref_seg, cfg
-    )
     _assert_metrics_close(result.metrics, ref_metrics)
     event(f"rebalanced: {ref_metrics['rebalanced_frac'] > 0}")
     event(f"repaired: {ref_metrics['repaired_frac'] > 0}")
     event(f"hot segments: {ref_metrics['hot_segment_frac'] > 0}")
+    event(f"zero-signal rows: {zero_signal is not None and any(zero_signal)}")
+    event(f"non-finite sampler tokens: {ref_metrics['nonfinite_sampler_frac'] > 0}")
     if cfg.triage_mode == "diagnose":
         assert torch.equal(result.weights, torch.ones_like(old_t))
     else:

@@ -1,4 +1,4 @@
-"""Segment ids (spec step 4): newline table from a real tokenizer, newline and fixed modes."""
+"""Segment ids (step 4 of docs/objective.md): newline table from a real tokenizer, newline and fixed modes."""
 
 import pytest
 import torch

@@ -315,7 +315,7 @@ def test_full_mode_loss_equals_weighted_closed_form(tmp_path, tiny_qwen3_dir, fa
 
 
 def test_metrics_present_finite_and_nonfinite_sampler_counted(tmp_path, tiny_qwen3_dir, fake_sampler):
-    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, triage_nonfinite_max_frac=0.1)
     inputs = _batch(trainer)
     inputs["sampling_per_token_logps"][0, 1] = float("nan")  # vLLM's unscorable token (TRL maps None to NaN)
     inputs["sampling_per_token_logps"][2, 0] = float("-inf")
@@ -326,8 +326,35 @@ def test_metrics_present_finite_and_nonfinite_sampler_counted(tmp_path, tiny_qwe
     for name in METRIC_NAMES:
         assert math.isfinite(metrics[name]), name
     assert metrics["nonfinite_sampler_frac"] == pytest.approx(2 / int(inputs["completion_mask"].sum()))
+    assert metrics["weight_min"] == 0.0  # a log-prob nobody can trust gives no update
     logged = trainer.triage_metrics.pop("train")
     assert logged["triage/nonfinite_sampler_frac"] == metrics["nonfinite_sampler_frac"]
+
+
+def test_broken_sampler_log_probs_stop_the_step(tmp_path, tiny_qwen3_dir, fake_sampler):
+    from triage_trl import NonFiniteSamplerLogprobsError
+
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir)  # default bound: 1% of valid tokens
+    inputs = _batch(trainer)
+    inputs["sampling_per_token_logps"][0, 1] = float("nan")
+    with pytest.raises(NonFiniteSamplerLogprobsError):
+        trainer.compute_loss(trainer.model, inputs)
+
+
+def _reward_constant(completions, **kwargs):
+    return [0.35] * len(completions)  # TRL's advantage of such a group is +2.98e-4, not 0
+
+
+def test_zero_signal_groups_get_weight_one_through_the_training_loop(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """Severe mismatch everywhere (gap 1 nat > log 2) but every group's rewards are equal: no token is repaired."""
+    fake_sampler.logprob_offset = -1.0
+    args = _args(TriageGRPOConfig, tmp_path, max_steps=1, sync_probe_max_gap=2.0)
+    trainer = TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_constant, args=args, train_dataset=_dataset())
+    trainer.train()
+    record = trainer.triage_history[0]
+    assert record["gap_abs_mean"] > 0.9  # the mismatch is there and measured
+    assert record["repaired_frac"] == 0.0 and record["weight_min"] == record["weight_max"] == 1.0
+    assert record["frac_NA"] == record["frac_PA"] == record["frac_NC"] == record["frac_PC"] == 0.0
 
 
 def test_missing_sampler_logprobs_error_names_the_fix(tmp_path, tiny_qwen3_dir, fake_sampler):

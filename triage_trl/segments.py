@@ -1,4 +1,4 @@
-"""Response segments for TRIAGE's diagnosis (spec step 4).
+"""Response segments for TRIAGE's diagnosis (step 4 of ``docs/objective.md``).
 
 A completion is cut into contiguous segments. ``newline`` mode ends a segment after every token
 whose decoded text contains a newline and after ``max_tokens`` tokens since the segment began;

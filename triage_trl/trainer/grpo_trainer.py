@@ -20,13 +20,13 @@ import torch
 from trl import GRPOTrainer
 
 from ..objective import METRIC_NAMES, triage_weights
+from ..objective.zero_signal import zero_reward_spread
 from ..segments import build_newline_table, segment_ids
 from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, insert_section, triage_card_section
 from .sync_probe import StaleSamplerError, check_probe_gap, probe_gap, probe_token_ids
 from .trl_seam import TRLContractError, trl_builds_sampler_with
-from .zero_signal import zero_signal_completions
 
 logger = logging.getLogger(__name__)
 
@@ -190,10 +190,16 @@ class TriageGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.triage_mode != "off":
             num_generations = self.num_generations if self.model.training else self.num_generations_eval
-            self._zero_signal = zero_signal_completions(
-                rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
-            )
+            self._zero_signal = zero_reward_spread(self._rewards_for_spread(rewards_per_func), num_generations)
         return rewards_per_func
+
+    def _rewards_for_spread(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """The rewards TRL's advantages come from: (N,) weighted sums (NaN where no function scored), or the (N, F)
+        per-function rewards when each function is normalised on its own (``normalize_then_sum``)."""
+        if self.args.multi_objective_aggregation == "normalize_then_sum":
+            return rewards_per_func
+        summed = (rewards_per_func * self.reward_weights.to(rewards_per_func)).nansum(dim=1)
+        return summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
