@@ -1,4 +1,4 @@
-"""The stability lab (issue 7): TRIAGE against naive NVFP4, TRL's importance-sampling corrections and bf16.
+"""The stability lab (``docs/stability.md``): TRIAGE against naive NVFP4, TRL's importance-sampling corrections and bf16.
 
 Runs every (configuration, seed) of ``triage_trl.lab.configs`` on the same model, data, seeds and step budget,
 one at a time, each in its own worker process (``python -m triage_trl.lab.worker``: a fresh vLLM engine per run),
@@ -27,7 +27,8 @@ import time
 
 from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, lab_config, resolve_settings, run_path,
                                     settings_to_argv)
-from triage_trl.lab.worker import RUN_SUMMARY, resolve_model
+from triage_trl.lab.worker import RUN_SUMMARY
+from triage_trl.runs import TINY_MODEL, resolve_model
 
 PLANNED_KEYS = ("scale", "model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
                 "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
@@ -118,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     os.makedirs(lab_dir, exist_ok=True)
-    if settings["model"] == "tiny":  # built once, shared by every run of the lab
-        settings["model"] = os.path.abspath(resolve_model("tiny", lab_dir))
+    if settings["model"] == TINY_MODEL:  # built once, shared by every run of the lab
+        settings["model"] = os.path.abspath(resolve_model(TINY_MODEL, lab_dir))
     record = {"settings": {k: settings.get(k) for k in (*PLANNED_KEYS, "trainer_overrides")}, "configs": configs,
               "seeds": seeds}
     _check_plan(lab_dir, record)

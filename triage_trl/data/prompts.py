@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct does not write ``\\boxed{}`` when only told to (0% in 8 settings); one worked example turn
 (user: a small problem + the instruction; assistant: a short solution ending in ``\\boxed{..}``) brings boxed
-answers to nearly 100% on arithmetic (measured: ``shared/design/embedded-default.md``). Every adapter in this
+answers to nearly 100% on arithmetic (measured on 40 reasoning-gym items, greedy). Every adapter in this
 package builds its prompts here, so all tasks share the instruction.
 """
 

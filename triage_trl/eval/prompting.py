@@ -3,7 +3,7 @@
 The instruction ("Put your final answer within \\boxed{}.") and the worked example turns come from
 ``triage_trl.data.prompts``, so a model is evaluated with exactly the prompt format TRIAGE trains it
 on. The one-shot turn is on by default: SmolLM2-135M-Instruct writes ``\\boxed{}`` only with it
-(``shared/design/embedded-default.md``). GSM8K gets the word-problem example, the LaTeX benchmarks
+(measured: 0% boxed answers in 8 settings without it). GSM8K gets the word-problem example, the LaTeX benchmarks
 the LaTeX one.
 """
 

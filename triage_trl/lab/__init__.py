@@ -1,4 +1,4 @@
-"""The stability lab (issue 7): TRIAGE against naive NVFP4, TRL's importance-sampling corrections and bf16.
+"""The stability lab (``docs/stability.md``): TRIAGE against naive NVFP4, TRL's importance-sampling corrections and bf16.
 
 - :mod:`~triage_trl.lab.configs`: the ordered registry of named configurations (overrides of
   ``TriageGRPOConfig``) and the scale presets (``cpu``, ``smoke``, ``gpu``).

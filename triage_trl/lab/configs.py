@@ -1,4 +1,4 @@
-"""The stability lab's configurations and scale presets (issue 7).
+"""The stability lab's configurations and scale presets (``docs/stability.md``).
 
 A configuration is a name, a one-line description and overrides of ``TriageGRPOConfig`` applied on top of the
 demo's config (:func:`triage_trl.demo.build_config`: CPU, colocated vLLM, DAPO loss, beta 0, constant learning
@@ -81,9 +81,9 @@ SCALES: dict[str, dict] = {
         seeds=[0, 1, 2], configs=list(CONFIGS), trainer_overrides={},
         estimate=dict(startup_s=30.0, step_s=27.0, eval_s=10.0),
     ),
-    # CI/tests: a tiny random Qwen3 (triage_trl.testing.save_tiny_qwen3, built once in the lab folder), 1 step.
+    # CI/tests: a tiny random Qwen3 (`tiny-qwen3`, built once in the lab folder), 1 step.
     "smoke": dict(
-        model="tiny", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
+        model="tiny-qwen3", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
         max_completion_length=8, temperature=0.7, learning_rate=1e-4, train_size=8, eval_size=4, eval_every=1,
         seeds=[0], configs=list(CONFIGS), trainer_overrides={},
         estimate=dict(startup_s=25.0, step_s=3.0, eval_s=1.0),
@@ -159,7 +159,7 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
 # ---------------------------------------------------------------- command line
 
 _FLAGS = [  # (flag, settings key, type, help)
-    ("--model", "model", str, "local model folder or Hub id ('tiny': a tiny random Qwen3; default: the scale's)"),
+    ("--model", "model", str, "local model folder or Hub id ('tiny-qwen3': a tiny random Qwen3; default: the scale's)"),
     ("--task", "task", str, "reasoning_gym (embedded, no network) or gsm8k"),
     ("--data-path", "data_path", str, "gsm8k: a jsonl file/folder or Hub id"),
     ("--steps", "max_steps", int, "optimizer steps per run"),

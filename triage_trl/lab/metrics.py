@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..run_logs import log_series
+
 SPIKE_FACTOR = 3.0
 """A grad-norm spike: ``grad_norm`` above ``SPIKE_FACTOR`` x the median of the run's previous steps' grad norms..."""
 SPIKE_MIN_HISTORY = 3
@@ -44,8 +46,7 @@ def training_records(history: list[dict]) -> list[dict]:
 
 def step_series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     """``(steps, values)`` of ``key`` over the training records (non-finite values kept)."""
-    records = [h for h in training_records(history) if isinstance(h.get(key), (int, float))]
-    return [int(h["step"]) for h in records], [float(h[key]) for h in records]
+    return log_series(training_records(history), key, finite=False)
 
 
 def count_spikes(grad_norms: list[float], factor: float = SPIKE_FACTOR, min_history: int = SPIKE_MIN_HISTORY) -> int:

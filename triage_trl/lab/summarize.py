@@ -18,6 +18,7 @@ import json
 import math
 import os
 
+from ..run_logs import read_log_history
 from .configs import CONFIGS, PLAN_FILE
 from .metrics import format_mean_std, rules_text, run_metrics, step_series
 from .plots import write_observations, write_overlay
@@ -29,16 +30,11 @@ OBS_FIRST_STEPS = 5
 
 
 def load_history(run_dir: str) -> list[dict]:
-    """A run's log records: ``log_history.jsonl`` (written as it logs), else ``trainer_state.json``, else ``[]``."""
-    path = os.path.join(run_dir, "log_history.jsonl")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    path = os.path.join(run_dir, "trainer_state.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f).get("log_history", [])
-    return []
+    """A run's log records (``triage_trl.runs.read_log_history``), or ``[]`` for a run that logged nothing."""
+    try:
+        return read_log_history(run_dir)
+    except FileNotFoundError:
+        return []
 
 
 def load_runs(lab_dir: str) -> dict[str, list[dict]]:

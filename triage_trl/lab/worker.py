@@ -3,7 +3,7 @@
 Trains one configuration (:mod:`triage_trl.lab.configs`) for one seed in this process, with its own vLLM engine,
 and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
 ``trainer.sync_sampler()`` right before each evaluation) at step 0, every ``eval_every`` optimizer steps and at the
-end (:func:`triage_trl.demo.greedy_accuracy`). It writes into DIR:
+end (:func:`triage_trl.eval.held_out.greedy_accuracy`). It writes into DIR:
 
 - ``log_history.jsonl``: every log record, appended as it is logged (a crashed run keeps its curve);
 - ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, seconds, of which
@@ -27,33 +27,18 @@ import shutil
 import time
 import traceback
 
+from ..run_logs import LOG_HISTORY
+from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
+from ..runtime import vllm_process_settings
 from .configs import SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, resolve_settings
 
 RUN_SUMMARY = "run_summary.json"
-LOG_HISTORY = "log_history.jsonl"
 HELD_OUT = "held_out.jsonl"
-ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
-"""The demo's environment defaults: vLLM's engine core in this process, a 1 GiB KV cache."""
 
 
 def _append_jsonl(path: str, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=float) + "\n")
-
-
-def resolve_model(model: str | None, run_dir: str) -> str:
-    """The model folder: ``None`` is the embedded SmolLM2-135M-Instruct, ``"tiny"`` a tiny random Qwen3 saved
-    under ``run_dir/tiny-qwen3`` (:func:`triage_trl.testing.save_tiny_qwen3`), anything else a folder or Hub id."""
-    if model == "tiny":
-        from ..testing import save_tiny_qwen3
-
-        path = os.path.join(run_dir, "tiny-qwen3")
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            save_tiny_qwen3(path)
-        return path
-    from ..models import resolve_model_path
-
-    return resolve_model_path(model)
 
 
 def load_datasets(settings: dict, seed: int):
@@ -78,23 +63,6 @@ def load_datasets(settings: dict, seed: int):
     raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
 
 
-def _callbacks(run_dir: str, evaluate, eval_every: int):
-    """TrainerCallbacks: append each log record to ``log_history.jsonl``; evaluate every ``eval_every`` steps."""
-    from transformers import TrainerCallback
-
-    class LogWriter(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            record = state.log_history[-1] if state.log_history else {**(logs or {}), "step": state.global_step}
-            _append_jsonl(os.path.join(run_dir, LOG_HISTORY), record)
-
-    class HeldOutEvaluator(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step % eval_every == 0 or state.global_step == state.max_steps:
-                evaluate(state.global_step)
-
-    return [LogWriter(), HeldOutEvaluator()]
-
-
 def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
     """Train and evaluate one (configuration, seed); always writes ``run_summary.json``; returns it.
 
@@ -105,8 +73,6 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
         KeyError: unknown configuration (before anything is written).
     """
     config = lab_config(config_name)
-    for key, value in ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     os.makedirs(run_dir, exist_ok=True)
     for name in (LOG_HISTORY, HELD_OUT, "error.txt"):  # a rerun starts clean
         if os.path.exists(os.path.join(run_dir, name)):
@@ -118,44 +84,27 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
                "held_out": [], "status": "running"}
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
-    try:
-        import torch
 
-        from ..demo import greedy_accuracy
+    def record(entry: dict, _result) -> None:
+        summary["held_out"].append(entry)
+        timings["eval_seconds"] += entry["seconds"]
+        _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
+
+    try:
         from ..rewards import accuracy_reward, format_reward
         from ..trainer import TriageGRPOTrainer
 
-        model_path = resolve_model(settings.get("model"), run_dir)
-        summary["model"] = model_path
-        train, held_out = load_datasets(settings, seed)
-        args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"))
-
-        def evaluate(step: int) -> None:
-            t0 = time.perf_counter()
-            # Also at step 0, so every evaluation goes through the same path (an NVFP4 sync re-exports the learner and
-            # recalibrates the sampler's activation scales); it also takes the first sync's warm-up out of step 1.
-            trainer.sync_sampler()  # the latest optimizer step's weights (and, NVFP4, the learner's scales)
-            t1 = time.perf_counter()
-            result = greedy_accuracy(trainer, held_out, settings["max_completion_length"])
-            seconds = time.perf_counter() - t0
-            timings["eval_seconds"] += seconds
-            record = {"step": step, "accuracy": result.accuracy, "correct": result.correct, "total": result.total,
-                      "seconds": seconds, "sync_seconds": t1 - t0}
-            summary["held_out"].append(record)
-            _append_jsonl(os.path.join(run_dir, HELD_OUT), record)
-
-        threads = torch.get_num_threads()  # in-process vLLM on CPU leaves torch one thread
-        trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[accuracy_reward, format_reward], args=args,
-                                    train_dataset=train,
-                                    callbacks=_callbacks(run_dir, evaluate, settings["eval_every"]))
-        torch.set_num_threads(threads)
-        timings["startup_seconds"] = time.perf_counter() - start
-        evaluate(0)
-        train_start = time.perf_counter()
-        trainer.train()
-        timings["train_seconds"] = time.perf_counter() - train_start
-        if summary["held_out"][-1]["step"] != trainer.state.global_step:  # e.g. stopped early
-            evaluate(trainer.state.global_step)
+        with vllm_process_settings():
+            model_path = resolve_model(settings.get("model"), run_dir)
+            summary["model"] = model_path
+            train, held_out = load_datasets(settings, seed)
+            args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"))
+            trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[accuracy_reward, format_reward], args=args,
+                                        train_dataset=train, callbacks=[LogHistoryWriter(run_dir)])
+            timings["startup_seconds"] = time.perf_counter() - start
+            evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
+                                         on_result=record)
+            timings["train_seconds"] = train_with_held_out(trainer, evaluator)
         summary["status"] = "ok"
     except Exception as err:  # recorded, not lost: the lab goes on with the next run
         summary["status"] = f"failed: {type(err).__name__}: {err}".strip()
@@ -163,28 +112,15 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
             f.write(traceback.format_exc())
         logging.getLogger(__name__).error("Run %s seed %d failed", config_name, seed, exc_info=True)
     finally:
-        summary.update(_finish(trainer, run_dir))
+        if trainer is not None:
+            summary.update(finish_run(trainer, save_model=False))
+        shutil.rmtree(os.path.join(run_dir, "sampler_checkpoint"), ignore_errors=True)
     summary.update(timings)
     summary["steps"] = trainer.state.global_step if trainer is not None else 0
     summary["wall_seconds"] = time.perf_counter() - start
     with open(os.path.join(run_dir, RUN_SUMMARY), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, default=float)
     return summary
-
-
-def _finish(trainer, run_dir: str) -> dict:
-    """Save ``trainer_state.json`` and the report plots (when there is a trainer); drop the sampler checkpoint."""
-    out = {"plots": []}
-    if trainer is not None:
-        try:
-            trainer.state.save_to_json(os.path.join(run_dir, "trainer_state.json"))
-            from ..report import write_plots
-
-            out["plots"] = [os.path.basename(p) for p in write_plots(run_dir)]
-        except (OSError, ValueError) as err:  # e.g. no training record: the summary says why there are no plots
-            out["plots_error"] = f"{type(err).__name__}: {err}"
-    shutil.rmtree(os.path.join(run_dir, "sampler_checkpoint"), ignore_errors=True)
-    return out
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -26,6 +26,7 @@ from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, insert_section, triage_card_section
 from .sync_probe import StaleSamplerError, check_probe_gap, probe_gap, probe_token_ids
+from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class TriageGRPOTrainer(GRPOTrainer):
     _paper = TRIAGE_PAPER
 
     def __init__(self, model, reward_funcs=None, args: TriageGRPOConfig | None = None, **kwargs):
+        check_trl_contract()
         args = _triage_args(model, args)
         if args.triage_mode != "off" and kwargs.get("rollout_func") is not None:
             raise NotImplementedError(

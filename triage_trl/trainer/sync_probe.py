@@ -1,6 +1,6 @@
 """The sync probe: after every weight sync, the sampler and the learner score one fixed sequence.
 
-Issue 4, deliverable 3: a sampler left with old (or corrupt) weights must never train silently. The probe is
+A sampler left with old (or corrupt) weights must never train silently. The probe is
 independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM, at the sampling
 temperature) and by the learner (TRL's log-prob path, same temperature). Their mean absolute per-token log-prob
 difference is ``triage/sync_probe_gap``; above the configured bound the trainer raises :class:`StaleSamplerError`.

@@ -8,9 +8,9 @@ reward that differs between samples even for a random model, so the tiny CPU rec
 from __future__ import annotations
 
 import random
-import re
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+from ..answers import extract_boxed
+
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -46,8 +46,8 @@ def boxed_answer_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 when the last ``\\boxed{...}`` of the completion equals the answer exactly, else 0.0."""
     rewards = []
     for completion, truth in zip(completions, answer, strict=True):
-        boxed = _BOXED.findall(_text(completion))
-        rewards.append(1.0 if boxed and boxed[-1].strip() == truth else 0.0)
+        boxed = extract_boxed(_text(completion))
+        rewards.append(1.0 if boxed is not None and boxed.strip() == truth else 0.0)
     return rewards
 
 
