@@ -64,7 +64,7 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     """
     from vllm import SamplingParams
 
-    from .rewards import accuracy_reward
+    from .rewards import verified_answer_reward as accuracy_reward
 
     tokenizer = trainer.processing_class
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
@@ -149,7 +149,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 
     from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .models import resolve_model_path
-    from .rewards import accuracy_reward, format_reward
+    from .rewards import format_reward, verified_answer_reward as accuracy_reward
     from .trainer import TriageGRPOTrainer
     from .trainer.model_card import mismatch_summary
 

@@ -122,7 +122,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
         import torch
 
         from ..demo import greedy_accuracy
-        from ..rewards import accuracy_reward, format_reward
+        from ..rewards import format_reward, verified_answer_reward as accuracy_reward
         from ..trainer import TriageGRPOTrainer
 
         model_path = resolve_model(settings.get("model"), run_dir)
