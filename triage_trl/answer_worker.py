@@ -103,6 +103,7 @@ class _Pool:
     def __init__(self, size: int):
         self.size, self.pid, self.started = size, os.getpid(), 0
         self.idle: list[_Helper] = []
+        self.running: set[_Helper] = set()
         self.cond = threading.Condition()
 
     def acquire(self) -> _Helper:
@@ -113,10 +114,13 @@ class _Pool:
                 return self.idle.pop()
             self.started += 1
         try:
-            return _Helper()
+            helper = _Helper()
         except BaseException:
             self.release(None)
             raise
+        with self.cond:
+            self.running.add(helper)
+        return helper
 
     def release(self, helper: _Helper | None) -> None:
         """Give ``helper`` back (``None`` or a dead one: it is gone, a new one may start)."""
@@ -125,13 +129,16 @@ class _Pool:
                 self.idle.append(helper)
             else:
                 self.started -= 1
+                self.running.discard(helper)
             self.cond.notify()
 
     def close(self) -> None:
+        """Kill every helper (at exit; also those a thread still waits on)."""
         if os.getpid() == self.pid:
             with self.cond:
-                for helper in self.idle:
+                for helper in self.running:
                     helper.kill()
+                self.running.clear()
                 self.idle.clear()
 
 
@@ -196,6 +203,7 @@ def serve() -> None:
 
     _check_here("\\boxed{1}", "1", "math", None, None)  # import and compile everything before "ready"
     out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not corrupt the replies
     out.write(b"ready\n")
     out.flush()
     for line in sys.stdin.buffer:
