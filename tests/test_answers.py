@@ -18,6 +18,8 @@ from triage_trl.answers import (
     verify,
 )
 
+WAIT = "I first got \\boxed{5}. Wait, that's wrong; the answer is \\boxed{7}."
+
 
 @pytest.mark.parametrize(
     "text, expected",
@@ -88,18 +90,6 @@ def test_olympiad_reference():
         ("\\boxed{N=n}", "N=n", "olympiad", True),
         ("\\boxed{n}", "N=n", "olympiad", True),
         ("\\boxed{N=n+1}", "N=n", "olympiad", False),
-    ],
-)
-def test_verify(completion, reference, kind, expected):
-    assert verify(completion, reference, kind=kind) is expected
-
-
-WAIT = "I first got \\boxed{5}. Wait, that's wrong; the answer is \\boxed{7}."
-
-
-@pytest.mark.parametrize(
-    "completion, reference, kind, expected",
-    [
         # several boxes: the last one is the answer (math-verify alone reads {5, 7})
         ("\\boxed{5}, \\boxed{7}", "7", "math", True),
         ("\\boxed{5}, \\boxed{7}", "5", "math", False),
@@ -164,9 +154,9 @@ WAIT = "I first got \\boxed{5}. Wait, that's wrong; the answer is \\boxed{7}."
         ("\\boxed{9}", "9\\%", "math", True),
     ],
 )
-def test_verify_answer_kinds(completion, reference, kind, expected):
-    assert verify(completion, reference, kind=kind) is expected
-    assert verify(completion, reference, kind=kind, timeout_seconds=None) is expected
+def test_verify(completion, reference, kind, expected):
+    assert verify(completion, reference, kind=kind) is expected  # in a helper process
+    assert verify(completion, reference, kind=kind, timeout_seconds=None) is expected  # in this process
 
 
 def test_check_answer_records_the_last_box():
