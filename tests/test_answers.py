@@ -1,19 +1,24 @@
 """triage_trl.answers: boxed extraction, GSM8K/OlympiadBench references and math-verify scoring per kind.
 
 Whole-benchmark checks (every reference of ../shared/data scored as a completion) live in
-tests/test_eval_benchmarks.py.
+tests/test_eval_benchmarks.py and tests/test_reference_rendering.py; the LaTeX rewrites in
+tests/test_answer_latex.py; time limits in tests/test_answer_worker.py.
 """
 
 import pytest
 
 from triage_trl.answers import (
     KINDS,
+    AnswerCheck,
+    check_answer,
     extract_answer,
     extract_boxed,
     gsm8k_reference,
     olympiad_reference,
     verify,
 )
+
+WAIT = "I first got \\boxed{5}. Wait, that's wrong; the answer is \\boxed{7}."
 
 
 @pytest.mark.parametrize(
@@ -77,18 +82,92 @@ def test_olympiad_reference():
         ("\\boxed{(-\\infty, 2]}", "(-\\infty,2]", "math", True),
         ("\\boxed{1.6 \\mathrm{~cm}}", "1.6", "minerva", True),
         ("\\boxed{4.5 \\cdot 10^{33}}", "4.5 \\times 10^{33}", "minerva", True),
-        # known verifier limit: e-notation is not LaTeX and does not parse inside a box
-        ("\\boxed{4.5e33}", "4.5 \\times 10^{33}", "minerva", False),
+        # e-notation is a decimal number in the numeric kinds, in answers as in references
+        ("\\boxed{4.5e33}", "4.5 \\times 10^{33}", "minerva", True),
         ("\\boxed{-18, 2, -1}", "2,-1,-18", "olympiad", True),
         ("\\boxed{2, -1}", "2,-1,-18", "olympiad", False),
         # single-symbol assignment in the reference: latex2sympy folds N to n, so compare right-hand sides
         ("\\boxed{N=n}", "N=n", "olympiad", True),
         ("\\boxed{n}", "N=n", "olympiad", True),
         ("\\boxed{N=n+1}", "N=n", "olympiad", False),
+        # several boxes: the last one is the answer (math-verify alone reads {5, 7})
+        ("\\boxed{5}, \\boxed{7}", "7", "math", True),
+        ("\\boxed{5}, \\boxed{7}", "5", "math", False),
+        ("\\boxed{5}, \\boxed{7}", "5, 7", "math", False),
+        (WAIT, "7", "math", True),
+        (WAIT, "7", "gsm8k", True),
+        (WAIT, "5", "gsm8k", False),
+        ("\\boxed{2}, \\boxed{-1}", "2,-1", "olympiad", False),
+        ("\\boxed{2, -1}", "2,-1", "olympiad", True),
+        ("\\boxed{7} and then an empty \\boxed{}", "7", "math", False),
+        ("so $CE = \\boxed{104.}$", "104", "aime", True),  # AIME24 row 70's worked solution
+        ("\\boxed{104.5}", "104", "aime", False),
+        # brace-less TeX arguments, in references and in answers (8 MATH-500 references)
+        ("\\boxed{\\frac{4}{3}}", "\\frac43", "math", True),
+        ("\\boxed{\\frac{5}{3}}", "\\frac43", "math", False),
+        ("\\boxed{11\\sqrt{2}}", "11\\sqrt2", "math", True),
+        ("\\boxed{11\\sqrt{3}}", "11\\sqrt2", "math", False),
+        ("\\boxed{\\frac{5}{9}}", "\\frac 59", "math", True),
+        ("\\boxed{\\frac{9}{19}}", "\\frac9{19}", "math", True),
+        ("\\boxed{\\frac{270}{7}}", "\\frac{270}7\\text{ degrees}", "math", True),
+        ("\\boxed{\\sqrt2}", "\\sqrt{2}", "math", True),
+        ("\\boxed{\\frac43}", "\\frac{4}{3}", "math", True),
+        ("\\boxed{\\frac{\\sqrt3}2}", "\\frac{\\sqrt{3}}{2}", "math", True),
+        ("\\boxed{\\dfrac12}", "0.5", "math", True),
+        ("\\boxed{\\binom52}", "10", "math", True),
+        ("\\boxed{\\frac123}", "\\frac{3}{2}", "math", True),  # TeX: \frac{1}{2}3
+        ("\\boxed{\\frac123}", "\\frac{1}{23}", "math", False),
+        # scientific e-notation (58 Minerva references) is a times-ten power, not Euler's e
+        ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", "minerva", True),
+        ("\\boxed{4.5 \\cdot 10^{33}}", "4.5e33", "minerva", True),
+        ("\\boxed{45 \\times 10^{32}}", "4.5e33", "minerva", True),
+        ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", "minerva", False),
+        ("\\boxed{4.5 \\times 10^{34}}", "4.5e33", "minerva", False),
+        ("\\boxed{e - 5}", "1e-5", "minerva", False),
+        ("\\boxed{10^{-5}}", "1e-5", "minerva", True),
+        ("\\boxed{1.0 \\times 10^{-5}}", "1e-5", "minerva", True),
+        ("\\boxed{1.1 \\times 10^{-5}}", "1e-5", "minerva", False),
+        ("\\boxed{2.88 \\times 10^{-19}}", "2.88e-19", "minerva", True),
+        ("\\boxed{3.88 \\times 10^{-19}}", "2.88e-19", "minerva", False),
+        ("\\boxed{2 \\times 10^{-19}}", "10^{-19}", "math", False),
+        ("\\boxed{0.0000673}", ".0000672", "math", False),
+        ("\\boxed{0.0000672}", ".0000672", "math", True),
+        ("\\boxed{0.333333}", "\\frac{1}{3}", "math", True),
+        ("\\boxed{1e3}", "1000", "gsm8k", True),
+        # in math/olympiad answers e stays Euler's number
+        ("\\boxed{2e - 1}", "2e-1", "math", True),
+        ("\\boxed{0.2}", "2e-1", "math", False),
+        # LaTeX digit grouping; plain-comma lists stay lists
+        ("\\boxed{10\\,000}", "10000", "gsm8k", True),
+        ("\\boxed{10\\ 000}", "10000", "gsm8k", True),
+        ("\\boxed{10~000}", "10000", "gsm8k", True),
+        ("\\boxed{10{,}000}", "10000", "gsm8k", True),
+        ("\\boxed{10\\,001}", "10000", "gsm8k", False),
+        ("\\boxed{1\\,234\\,567}", "1234567", "aime", True),
+        ("\\boxed{26\\,000}", "26000", "math", True),
+        ("\\boxed{58{,}500}", "58,500", "math", True),
+        ("\\boxed{1,2}", "1,2", "math", True),
+        ("\\boxed{1,2}", "12", "math", False),
+        ("\\boxed{1, 2, 3}", "1,2,3", "olympiad", True),
+        # percentages keep math-verify's reading
+        ("\\boxed{9\\%}", "9", "gsm8k", True),
+        ("\\boxed{9}", "9\\%", "math", True),
     ],
 )
 def test_verify(completion, reference, kind, expected):
-    assert verify(completion, reference, kind=kind) is expected
+    assert verify(completion, reference, kind=kind) is expected  # in a helper process
+    assert verify(completion, reference, kind=kind, timeout_seconds=None) is expected  # in this process
+
+
+def test_check_answer_records_the_last_box():
+    assert check_answer(WAIT, "7", kind="math") == AnswerCheck(correct=True, extracted="7")
+    assert check_answer("\\boxed{5}, \\boxed{7}", "7", kind="math").extracted == "7"
+    assert check_answer("so \\boxed{\\frac43}", None, kind="math") == AnswerCheck(False, "\\frac{4}{3}")
+    assert extract_answer("\\boxed{4.5e33}", kind="minerva") == "4.5 \\times 10^{33}"
+    with pytest.raises(TypeError, match="prediction_text must be a str"):
+        check_answer(None, "1", kind="math")
+    with pytest.raises(ValueError, match="timeout_seconds must be > 0"):
+        check_answer("\\boxed{1}", "1", kind="math", timeout_seconds=0)
 
 
 @pytest.mark.parametrize("boxed", ["\\boxed{166 cm^2}", "\\boxed{166 \\text{ cm}^2}", "\\boxed{166\\,\\mathrm{cm^2}}", "\\boxed{166 $cm^2$}"])

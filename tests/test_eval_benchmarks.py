@@ -3,9 +3,12 @@
 Rates measured on the full files (math-verify 0.9.0): a model-style completion ending in
 ``\\boxed{<reference>}`` verifies on 100% of every benchmark; the data's own worked solutions verify on
 100% of MATH-500 and Minerva, and on all but the known misses listed below for GSM8K and AIME24;
-``\\boxed{<reference> + 1}`` verifies on 0%. Skipped when ../shared/data is absent (CI has it).
+``\\boxed{<reference> + 1}`` (``2 \\cdot <reference>`` for e-notation, where + 1 is below the
+precision of ``4.5e33``) verifies on 0%. References as a model renders them (``4.5 \\times 10^{33}``,
+``\\frac{4}{3}``): tests/test_reference_rendering.py. Skipped when ../shared/data is absent (CI has it).
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,8 @@ def test_boxed_reference_verifies_and_perturbed_fails(name):
     for p in problems:
         unit = f" {p.unit}" if p.unit else ""
         good = f"Let me work it out.\nThe final answer is $\\boxed{{{p.reference}{unit}}}$."
-        bad = f"Let me work it out.\nThe final answer is $\\boxed{{{p.reference}+1}}$."
+        wrong = f"2 \\cdot {p.reference}" if re.fullmatch(r"[\d.]+e-?\d+", p.reference) else f"{p.reference}+1"
+        bad = f"Let me work it out.\nThe final answer is $\\boxed{{{wrong}}}$."
         if not verify(good, p.reference, kind=p.kind, unit=p.unit):
             right_missed.append(p.id)
         if verify(bad, p.reference, kind=p.kind, unit=p.unit):

@@ -82,6 +82,25 @@ def test_evaluate_scores_saves_and_tabulates(tiny_qwen3_dir, data_dir, tmp_path)
     assert md == res.to_markdown()
 
 
+class WaitEngine(StubEngine):
+    """Boxes a wrong 5 first, then corrects itself: "... Wait, that's wrong; the answer is \\boxed{<reference>}"."""
+
+    def generate(self, prompt_ids, *, n, temperature, max_new_tokens, seeds):
+        return [[f"I first got \\boxed{{5}}. Wait, that's wrong; the answer is \\boxed{{{self.problems[len(ids)].reference}}}."]
+                * n for ids in prompt_ids]
+
+
+def test_results_record_the_last_box(tiny_qwen3_dir, data_dir, tmp_path):
+    stub = _stub(tiny_qwen3_dir, data_dir)
+    res = evaluate(tiny_qwen3_dir, "gsm8k,math500", data_dir=data_dir, engine=WaitEngine(stub.problems),
+                   output_dir=tmp_path / "out", progress=False)
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["metrics"] == {"gsm8k": {"pass@1": 1.0}, "math500": {"pass@1": 1.0}}
+    assert [r["extracted"] for r in saved["records"]["gsm8k"]] == [["7"], ["10"], ["2000"], ["9"]]
+    assert [r["extracted"] for r in saved["records"]["math500"]] == [["\\frac{1}{2}"], ["3"], ["(2,2)"], ["4"]]
+    assert res.to_dict()["records"] == saved["records"]
+
+
 def test_resume_generates_only_missing_problems(tiny_qwen3_dir, data_dir, tmp_path):
     out = tmp_path / "out"
     stub = _stub(tiny_qwen3_dir, data_dir)

@@ -9,7 +9,7 @@ import pytest
 
 from triage_trl.data import reasoning_gym_dataset
 from triage_trl.data.jsonl import read_jsonl
-from triage_trl.rewards import REWARD_FUNCS, accuracy_reward, format_reward, reasoning_gym_reward
+from triage_trl.rewards import REWARD_FUNCS, format_reward, reasoning_gym_reward, verified_answer_reward
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is absent (CI has it)")
@@ -32,8 +32,8 @@ def test_accuracy_on_reasoning_gym_rows_and_real_completions():
     ds = reasoning_gym_dataset({"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 2,
                                 "max_digits": 2}, size=2)
     right = [f"It is {a}.\nThe final answer is \\boxed{{{a}}}." for a in ds["answer"]]
-    assert accuracy_reward(right, ds["answer"], ds["answer_kind"], rg_entry=ds["rg_entry"]) == [1.0, 1.0]
-    assert accuracy_reward(SMOLLM2_COMPLETIONS, ["31", "-33"], ["reasoning_gym"] * 2,
+    assert verified_answer_reward(right, ds["answer"], ds["answer_kind"], rg_entry=ds["rg_entry"]) == [1.0, 1.0]
+    assert verified_answer_reward(SMOLLM2_COMPLETIONS, ["31", "-33"], ["reasoning_gym"] * 2,
                            rg_entry=[json.dumps({"answer": a, "metadata": {"source_dataset": "chain_sum"}})
                                      for a in ("31", "-33")]) == [0.0, 0.0]
     assert format_reward(SMOLLM2_COMPLETIONS + ["The answer is 31.", "\\boxed{}"]) == [1.0, 1.0, 0.0, 0.0]
@@ -45,10 +45,10 @@ def test_accuracy_on_gsm8k_solutions():
     refs = [r["answer"].split("####")[-1].strip() for r in rows]
     # The dataset's own worked solutions, ending "The final answer is \boxed{n}.": all correct.
     solutions = [r["answer"].split("####")[0] + f"The final answer is \\boxed{{{ref}}}." for r, ref in zip(rows, refs)]
-    assert accuracy_reward(solutions, refs, ["gsm8k"] * 20) == [1.0] * 20
+    assert verified_answer_reward(solutions, refs, ["gsm8k"] * 20) == [1.0] * 20
     # Shifted by one row: all wrong (no two consecutive references in these 20 rows are equal).
     assert all(a != b for a, b in zip(refs, refs[1:] + refs[:1]))
-    assert accuracy_reward(solutions, refs[1:] + refs[:1], ["gsm8k"] * 20) == [0.0] * 20
+    assert verified_answer_reward(solutions, refs[1:] + refs[:1], ["gsm8k"] * 20) == [0.0] * 20
 
 
 @needs_data
@@ -56,16 +56,37 @@ def test_accuracy_on_math500_solutions():
     rows = read_jsonl(os.path.join(DATA, "math500", "test.jsonl"))[:20]
     solutions = [r["solution"] for r in rows]  # real LaTeX text with the answer in \boxed{}
     refs = [r["answer"] for r in rows]
-    assert accuracy_reward(solutions, refs, ["math"] * 20) == [1.0] * 20
-    assert accuracy_reward(solutions[:5], refs[1:6], ["math"] * 5) == [0.0] * 5
+    assert verified_answer_reward(solutions, refs, ["math"] * 20) == [1.0] * 20
+    assert verified_answer_reward(solutions[:5], refs[1:6], ["math"] * 5) == [0.0] * 5
     assert format_reward(solutions) == [1.0] * 20
 
 
-def test_reward_errors_and_names():
-    assert set(REWARD_FUNCS) == {"accuracy_reward", "format_reward", "reasoning_gym_reward"}
+def test_wait_completion_scores_its_last_box():
+    wait = "I first got \\boxed{5}. Wait, that's wrong; the answer is \\boxed{7}."
+    assert verified_answer_reward([wait, wait], ["7", "5"], ["math", "gsm8k"]) == [1.0, 0.0]
+    assert verified_answer_reward(["\\boxed{4.5 \\times 10^{33}}", "\\boxed{e - 5}"], ["4.5e33", "1e-5"],
+                                  ["minerva"] * 2) == [1.0, 0.0]
+
+
+def test_registry_names_ours_apart_from_trl():
+    import trl.rewards
+
+    assert set(REWARD_FUNCS) == {"verified_answer_reward", "format_reward", "reasoning_gym_reward",
+                                 "accuracy_reward", "reasoning_accuracy_reward", "think_format_reward"}
+    # TRL's names mean TRL's rewards (column `solution`), as in `trl grpo`
+    assert REWARD_FUNCS["accuracy_reward"] is trl.rewards.accuracy_reward
+    assert REWARD_FUNCS["think_format_reward"] is trl.rewards.think_format_reward
+    assert REWARD_FUNCS["verified_answer_reward"] is verified_answer_reward
+    assert all(name == f.__name__ for name, f in REWARD_FUNCS.items())
+    with pytest.warns(FutureWarning, match="renamed verified_answer_reward"):
+        from triage_trl.rewards import accuracy_reward
+    assert accuracy_reward is verified_answer_reward
+
+
+def test_reward_errors():
     with pytest.raises(ValueError, match="answer_kind"):
-        accuracy_reward(["\\boxed{1}"], ["1"], ["latex"])
+        verified_answer_reward(["\\boxed{1}"], ["1"], ["latex"])
     with pytest.raises(ValueError, match="rg_entry"):
-        accuracy_reward(["\\boxed{1}"], ["1"], ["reasoning_gym"])
+        verified_answer_reward(["\\boxed{1}"], ["1"], ["reasoning_gym"])
     with pytest.raises(TypeError, match="completion"):
         format_reward([3])

@@ -1,7 +1,6 @@
 """Final-answer extraction and verification for math benchmarks, on top of ``math-verify``.
 
-One pure layer shared by the evaluator (``triage_trl.eval``) and the training rewards: no model, no
-I/O. The answer a model gives is what it writes in the last ``\\boxed{...}`` of its completion (the
+One layer shared by the evaluator (``triage_trl.eval``) and the training rewards, with no model. The answer a model gives is what it writes in the last ``\\boxed{...}`` of its completion (the
 prompts ask for it); ``math-verify`` (Hugging Face, https://github.com/huggingface/Math-Verify)
 parses that LaTeX into SymPy and compares it with the reference symbolically and numerically.
 
@@ -19,21 +18,39 @@ olympiad   LaTeX; several answers joined by commas; a unit kept  OlympiadBench
            separately by the data set (see ``olympiad_reference``)
 ========== ===================================================== ==============================
 
-Numbers kinds accept a bare number when the completion has no ``\\boxed{}`` (the last number
-written, as lighteval scores GSM8K); LaTeX kinds only take a boxed answer or an explicit
-"final answer is ..." statement, so stray formulae in the reasoning are never scored.
+The answer is the content of the LAST box only (math-verify alone joins nearby boxes into a set, so
+"\\boxed{5}. Wait, no: \\boxed{7}" would read {5, 7}). Numbers kinds accept a bare number when the
+completion has no ``\\boxed{}`` (the last number written, as lighteval scores GSM8K); LaTeX kinds only
+take a boxed answer or an explicit "final answer is ..." statement, so stray formulae in the reasoning
+are never scored.
+
+Before math-verify parses them, the box content and the reference are rewritten by
+``triage_trl.answer_latex``: brace-less TeX arguments (``\\frac43``, ``11\\sqrt2``) get braces, LaTeX
+digit grouping (``10\\,000``, ``10{,}000``) and a closing full stop are removed, and for the numeric
+kinds (``gsm8k``, ``aime``, ``amc``, ``minerva``) e-notation (``4.5e33``, ``1e-5``) becomes
+``a \\times 10^{b}``; in ``math`` and ``olympiad`` answers ``2e-1`` keeps meaning 2e - 1 (Euler's number). An answer made only of numbers
+(``2.88 \\times 10^{-19}``) is evaluated to one number before comparison, and floats are compared to six
+significant digits for small references (math-verify rounds to six decimals, which makes
+``1.1 \\times 10^{-7}`` equal ``10^{-7}``).
+
+:func:`check_answer` and :func:`verify` end within ``timeout_seconds`` in any thread: the check runs
+in a helper process that is killed when it overruns (``triage_trl.answer_worker``).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
+
+from .answer_latex import brace_macro_arguments, expand_e_notation, join_digit_groups
 
 KINDS = ("gsm8k", "math", "minerva", "olympiad", "aime", "amc")
 """The reference kinds ``verify`` understands."""
 
 _NUMBER_KINDS = frozenset({"gsm8k", "aime", "amc"})
+_E_NOTATION_KINDS = _NUMBER_KINDS | {"minerva"}
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox|framebox)\s*(?:\[[^\]]*\])?\s*\{")
 
@@ -137,6 +154,8 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown answer kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
+_FULL_STOP_RE = re.compile(r"(?<![\\.])\.\s*$")
+
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=,;<>]+)$")
 
 _UNIT_RE_CACHE: dict[str, re.Pattern] = {}
@@ -158,13 +177,29 @@ def _strip_unit(text: str, unit: str | None) -> str:
     return pat.sub("", text)
 
 
+def normalize_answer_latex(latex: str, *, kind: str) -> str:
+    """The LaTeX math-verify is given for a box content or reference of ``kind`` (see ``triage_trl.answer_latex``).
+
+    ``\\frac43`` -> ``\\frac{4}{3}``, ``10\\,000`` -> ``10000`` and a closing full stop dropped
+    (``\\boxed{104.}``) for every kind; ``4.5e33`` -> ``4.5 \\times 10^{33}`` for ``gsm8k``, ``aime``,
+    ``amc`` and ``minerva`` only.
+
+    Raises:
+        ValueError: unknown ``kind``.
+    """
+    _check_kind(kind)
+    latex = join_digit_groups(brace_macro_arguments(_FULL_STOP_RE.sub("", latex)))
+    return expand_e_notation(latex) if kind in _E_NOTATION_KINDS else latex
+
+
 def parse_reference(reference: str, *, kind: str, timeout_seconds: int | None = 5) -> list:
     """Parse a reference answer with math-verify; returns ``math_verify.parse``'s list (empty if unparsable).
 
-    The reference is wrapped in ``\\boxed{}`` and goes through the same LaTeX normalisation as
-    predictions. Numbers kinds drop thousands separators. LaTeX kinds score the right-hand side of
-    a single-symbol assignment (``N=n`` -> ``n``): latex2sympy folds symbol case, so ``Eq(N, n)``
-    would become ``Eq(n, n)`` and match any ``N=...`` prediction (OlympiadBench row 122).
+    The reference is rewritten by :func:`normalize_answer_latex`, wrapped in ``\\boxed{}`` and goes through
+    the same LaTeX normalisation as predictions. Numbers kinds drop thousands separators. LaTeX kinds
+    score the right-hand side of a single-symbol assignment (``N=n`` -> ``n``): latex2sympy folds symbol
+    case, so ``Eq(N, n)`` would become ``Eq(n, n)`` and match any ``N=...`` prediction (OlympiadBench
+    row 122). ``timeout_seconds`` uses ``signal.alarm`` (main thread only; ``None`` elsewhere).
 
     Raises:
         ValueError: unknown ``kind``.
@@ -173,7 +208,7 @@ def parse_reference(reference: str, *, kind: str, timeout_seconds: int | None = 
     _, gold_cfg = _configs(kind)
     from math_verify import parse
 
-    reference = str(reference).strip()
+    reference = normalize_answer_latex(str(reference).strip(), kind=kind)
     if kind in _NUMBER_KINDS:
         reference = reference.replace(",", "")
     else:
@@ -191,9 +226,11 @@ def parse_prediction(
 ) -> list:
     """Extract and parse a completion's final answer; returns ``math_verify.parse``'s list.
 
-    The list is ``[sympy_object, extracted_string]`` or ``[]`` when no answer was found. ``unit`` (a
-    unit the data set keeps apart from the answer, OlympiadBench) is removed from the end of the
-    boxed content before parsing.
+    The list is ``[sympy_object, extracted_string]`` or ``[]`` when no answer was found. When the
+    completion has a box, only the content of the last one is parsed, after ``unit`` (a unit the data
+    set keeps apart from the answer, OlympiadBench) is removed from its end and
+    :func:`normalize_answer_latex`; without a box the whole text goes to math-verify's extraction.
+    ``timeout_seconds`` uses ``signal.alarm`` (main thread only; ``None`` elsewhere).
 
     Raises:
         ValueError: unknown ``kind``.
@@ -202,17 +239,130 @@ def parse_prediction(
     pred_cfg, _ = _configs(kind)
     from math_verify import parse
 
-    if unit:
-        boxed = extract_boxed(prediction_text)
-        if boxed is not None:
-            prediction_text = "\\boxed{" + _strip_unit(boxed, unit) + "}"
+    boxed = extract_boxed(prediction_text)
+    if boxed is not None:
+        prediction_text = "\\boxed{" + normalize_answer_latex(_strip_unit(boxed, unit), kind=kind) + "}"
     return parse(prediction_text, extraction_config=pred_cfg, parsing_timeout=timeout_seconds)
 
 
-def extract_answer(prediction_text: str, *, kind: str, unit: str | None = None) -> str | None:
-    """The answer string ``verify`` would score for ``prediction_text`` (``None`` when none is found)."""
-    parsed = parse_prediction(prediction_text, kind=kind, unit=unit)
-    return str(parsed[-1]) if parsed else None
+@dataclass(frozen=True)
+class AnswerCheck:
+    """The outcome of :func:`check_answer`.
+
+    Attributes:
+        correct: math-verify finds the completion's final answer equal to the reference.
+        extracted: the answer string that was scored (math-verify's extraction of the last box content
+            after :func:`normalize_answer_latex`), ``None`` when no answer was found or the check ran out
+            of time.
+    """
+
+    correct: bool
+    extracted: str | None
+
+
+def _float_rounding(gold: list) -> int:
+    """Decimals math-verify rounds floats to: its default 6, more for |reference| < 0.1 (6 significant digits)."""
+    try:
+        magnitude = math.floor(math.log10(abs(float(gold[0]))))
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return 6
+    return min(max(6, 5 - magnitude), 100)
+
+
+def _as_one_number(parsed: list, step_timeout: int | None) -> list:
+    """``parsed`` with an expression made only of numbers (``2.88 \\times 10^{-19}``) evaluated to one number.
+
+    math-verify compares two unevaluated numbers through ``evalf(chop=True)`` of their difference, which
+    drops differences below about 1e-15 (2.88e-19 would equal 3.88e-19). One Float (decimal input) or
+    one Rational instead takes its number comparison. Percentages (``UnevaluatedExpr``) are kept.
+    """
+    import sympy
+    from math_verify.utils import timeout
+
+    expr = parsed[0] if parsed else None
+    if (not isinstance(expr, sympy.Expr) or expr.is_Atom or expr.has(sympy.UnevaluatedExpr)
+            or not all(isinstance(atom, sympy.Number) for atom in expr.atoms())):
+        return parsed
+    evaluate = expr.evalf if expr.has(sympy.Float) else expr.doit
+    return [timeout(step_timeout)(evaluate)(), *parsed[1:]]
+
+
+def _check_here(
+    prediction_text: str, reference: str | None, kind: str, unit: str | None, step_timeout: int | None
+) -> AnswerCheck:
+    """:func:`check_answer` in this process; ``step_timeout`` bounds each math-verify step (main thread only)."""
+    from math_verify import verify as mv_verify
+    from math_verify.errors import TimeoutException
+
+    pred = parse_prediction(prediction_text, kind=kind, unit=unit, timeout_seconds=step_timeout)
+    extracted = str(pred[-1]) if pred else None
+    gold = parse_reference(reference, kind=kind, timeout_seconds=step_timeout) if reference is not None and pred else []
+    if not gold:
+        return AnswerCheck(False, extracted)
+    try:
+        gold, pred = _as_one_number(gold, step_timeout), _as_one_number(pred, step_timeout)
+    except TimeoutException:
+        return AnswerCheck(False, extracted)
+    correct = mv_verify(gold, pred, float_rounding=_float_rounding(gold), timeout_seconds=step_timeout)
+    return AnswerCheck(bool(correct), extracted)
+
+
+def check_answer(
+    prediction_text: str,
+    reference: str | None,
+    *,
+    kind: str,
+    unit: str | None = None,
+    timeout_seconds: float | None = 10,
+) -> AnswerCheck:
+    """Extract the final answer of ``prediction_text`` and compare it with ``reference`` (math-verify, gold first).
+
+    Args:
+        prediction_text: the full completion; its last ``\\boxed{}`` is the answer (numbers kinds
+            fall back to the last number in the text).
+        reference: the reference answer as a string: a number for ``gsm8k``/``aime``/``amc``
+            (``gsm8k_reference`` gives it from a GSM8K row), LaTeX for ``math``/``minerva``/
+            ``olympiad`` (``olympiad_reference`` for OlympiadBench rows); ``None`` to only extract.
+        kind: one of ``KINDS``.
+        unit: OlympiadBench's separate unit, stripped from the prediction before comparison.
+        timeout_seconds: wall-clock limit of the whole check (seconds), in any thread: the check
+            runs in a helper process that is killed when it overruns (``triage_trl.answer_worker``;
+            the helper's start-up is not counted), and math-verify's own limit per parse/compare
+            step there is half of it (5 s by default, math-verify's default). ``None`` checks in
+            this process without a limit.
+
+    Returns:
+        :class:`AnswerCheck`; ``correct`` is ``False`` when the answers differ, when the completion
+        has no answer, when the reference cannot be parsed, or when the check ran out of time.
+
+    Raises:
+        ValueError: unknown ``kind``, or ``timeout_seconds <= 0``.
+        TypeError: ``prediction_text`` is not a string.
+    """
+    _check_kind(kind)
+    if not isinstance(prediction_text, str):
+        raise TypeError(f"prediction_text must be a str, got {type(prediction_text).__name__}")
+    reference = None if reference is None else str(reference)
+    if timeout_seconds is None:
+        return _check_here(prediction_text, reference, kind, unit, None)
+    if not timeout_seconds > 0:
+        raise ValueError(f"timeout_seconds must be > 0 or None (no limit), got {timeout_seconds}")
+    from .answer_worker import run_check
+
+    reply = run_check(
+        {"prediction_text": prediction_text, "reference": reference, "kind": kind, "unit": unit},
+        timeout_seconds=timeout_seconds,
+    )
+    if reply is None:
+        return AnswerCheck(False, None)
+    return AnswerCheck(bool(reply["correct"]), reply["extracted"])
+
+
+def extract_answer(
+    prediction_text: str, *, kind: str, unit: str | None = None, timeout_seconds: float | None = 10
+) -> str | None:
+    """The answer string :func:`check_answer` scores for ``prediction_text`` (``None`` when none is found)."""
+    return check_answer(prediction_text, None, kind=kind, unit=unit, timeout_seconds=timeout_seconds).extracted
 
 
 def verify(
@@ -221,44 +371,24 @@ def verify(
     *,
     kind: str,
     unit: str | None = None,
-    timeout_seconds: int | None = 5,
+    timeout_seconds: float | None = 10,
 ) -> bool:
-    """Is the final answer of ``prediction_text`` equal to ``reference``? (math-verify, gold first)
+    """Is the final answer of ``prediction_text`` equal to ``reference``? (:func:`check_answer`'s ``correct``)
 
-    Args:
-        prediction_text: the full completion; its last ``\\boxed{}`` is the answer (numbers kinds
-            fall back to the last number in the text).
-        reference: the reference answer as a string: a number for ``gsm8k``/``aime``/``amc``
-            (``gsm8k_reference`` gives it from a GSM8K row), LaTeX for ``math``/``minerva``/
-            ``olympiad`` (``olympiad_reference`` for OlympiadBench rows).
-        kind: one of ``KINDS``.
-        unit: OlympiadBench's separate unit, stripped from the prediction before comparison.
-        timeout_seconds: per parse/compare limit. math-verify enforces it with ``signal.alarm``,
-            which only works in the main thread: pass ``None`` from worker threads.
-
-    Returns:
-        ``True`` when math-verify finds the two equal; ``False`` when they differ, when the
-        completion has no answer or when the reference cannot be parsed.
-
-    Raises:
-        ValueError: unknown ``kind``.
+    ``verify(r"\\boxed{5}, \\boxed{7}", "7", kind="math")`` is ``True`` (the last box is the answer);
+    arguments and errors as for :func:`check_answer`.
     """
-    from math_verify import verify as mv_verify
-
-    gold = parse_reference(reference, kind=kind, timeout_seconds=timeout_seconds)
-    if not gold:
-        return False
-    pred = parse_prediction(prediction_text, kind=kind, unit=unit, timeout_seconds=timeout_seconds)
-    if not pred:
-        return False
-    return bool(mv_verify(gold, pred, timeout_seconds=timeout_seconds))
+    return check_answer(prediction_text, reference, kind=kind, unit=unit, timeout_seconds=timeout_seconds).correct
 
 
 __all__ = [
     "KINDS",
+    "AnswerCheck",
+    "check_answer",
     "extract_answer",
     "extract_boxed",
     "gsm8k_reference",
+    "normalize_answer_latex",
     "olympiad_reference",
     "parse_prediction",
     "parse_reference",

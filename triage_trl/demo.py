@@ -114,7 +114,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
     from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .eval.held_out import paired_difference
-    from .rewards import accuracy_reward, format_reward
+    from .rewards import format_reward, verified_answer_reward
     from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
     from .trainer import TriageGRPOTrainer
     from .trainer.model_card import mismatch_summary
@@ -130,7 +130,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
                                     "temperature", "learning_rate")},
     )
-    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[accuracy_reward, format_reward], args=config,
+    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[verified_answer_reward, format_reward], args=config,
                                 train_dataset=train)
     evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])
     train_seconds = train_with_held_out(trainer, evaluator)

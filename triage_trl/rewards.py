@@ -4,19 +4,23 @@ TRL calls ``reward_func(prompts=..., completions=..., completion_ids=..., **data
 float (or ``None``) per completion. Our adapters (``triage_trl.data``) give every row ``answer`` (the reference)
 and ``answer_kind``; reasoning-gym rows also give ``rg_entry`` (the item as JSON).
 
-- :func:`accuracy_reward`: 1.0 when the completion's final answer is correct, else 0.0. GSM8K and MATH-style
-  rows are checked with ``math-verify`` through ``triage_trl.answers.verify`` (kinds ``gsm8k``, ``math``, ...);
-  reasoning-gym rows with the task's own scorer (:func:`reasoning_gym_reward`).
+- :func:`verified_answer_reward`: 1.0 when the completion's final answer is correct, else 0.0. GSM8K and
+  MATH-style rows are checked with ``math-verify`` through ``triage_trl.answers.verify`` (kinds ``gsm8k``,
+  ``math``, ...; bounded time in any thread); reasoning-gym rows with the task's own scorer
+  (:func:`reasoning_gym_reward`).
 - :func:`reasoning_gym_reward`: reasoning-gym's ``score_answer`` on the last ``\\boxed{}``; only a score of 1.0
   counts (its scorers give partial credit, e.g. 0.5 for "1" against "10", which would reward wrong answers).
 - :func:`format_reward`: 1.0 when the completion has a ``\\boxed{...}`` answer, else 0.0.
+
+:data:`REWARD_FUNCS` names these and TRL's own rewards under TRL's names (``accuracy_reward``,
+``reasoning_accuracy_reward``, ``think_format_reward``, as in ``trl grpo``; they read a ``solution`` column).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import threading
+import warnings
 
 from .answers import KINDS, extract_boxed, verify
 
@@ -72,7 +76,7 @@ def reasoning_gym_reward(completions, rg_entry, **kwargs) -> list[float]:
     return rewards
 
 
-def accuracy_reward(completions, answer, answer_kind, rg_entry=None, **kwargs) -> list[float]:
+def verified_answer_reward(completions, answer, answer_kind, rg_entry=None, **kwargs) -> list[float]:
     """1.0 for a correct final answer, else 0.0, checked per row by ``answer_kind``.
 
     Args:
@@ -82,11 +86,11 @@ def accuracy_reward(completions, answer, answer_kind, rg_entry=None, **kwargs) -
             (``gsm8k``, ``math``, ...), checked with math-verify.
         rg_entry: ``B`` reasoning-gym items (JSON), for ``reasoning_gym`` rows.
 
+    Each math-verify check ends within 10 s in any thread (an overrun scores 0.0; see ``triage_trl.answers``).
+
     Raises:
         ValueError: an unknown kind, or a ``reasoning_gym`` row without ``rg_entry``.
     """
-    # math-verify's timeouts use signal.alarm, which only works in the main thread.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     entries = rg_entry if rg_entry is not None else [None] * len(completions)
     rewards = []
     for completion, reference, kind, entry in zip(completions, answer, answer_kind, entries, strict=True):
@@ -96,15 +100,33 @@ def accuracy_reward(completions, answer, answer_kind, rg_entry=None, **kwargs) -
                 raise ValueError("reasoning_gym rows need the 'rg_entry' column (see triage_trl.data).")
             rewards.append(reasoning_gym_reward([text], [entry])[0])
         elif kind in KINDS:
-            rewards.append(1.0 if verify(text, str(reference), kind=kind, timeout_seconds=timeout) else 0.0)
+            rewards.append(1.0 if verify(text, str(reference), kind=kind) else 0.0)
         else:
             raise ValueError(f"Unknown answer_kind {kind!r}: use {REASONING_GYM_KIND!r} or one of {', '.join(KINDS)}.")
     return rewards
 
 
+def _trl_rewards() -> dict:
+    from trl import rewards
+
+    return {name: getattr(rewards, name) for name in ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")}
+
+
 REWARD_FUNCS = {
-    "accuracy_reward": accuracy_reward,
+    "verified_answer_reward": verified_answer_reward,
     "format_reward": format_reward,
     "reasoning_gym_reward": reasoning_gym_reward,
+    **_trl_rewards(),
 }
-"""Reward functions selectable by name in recipes and on the command line."""
+"""Reward functions selectable by name in recipes and on the command line: ours, and TRL's under TRL's names."""
+
+
+def __getattr__(name: str):
+    if name == "accuracy_reward":  # the name this reward had before TRL's accuracy_reward joined the registry
+        warnings.warn(
+            "triage_trl.rewards.accuracy_reward is renamed verified_answer_reward (columns answer, answer_kind); "
+            "the registry name 'accuracy_reward' is TRL's trl.rewards.accuracy_reward (column solution).",
+            FutureWarning, stacklevel=2,
+        )
+        return verified_answer_reward
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """MATH-style jsonl (``problem``, ``answer``) as ``prompt`` + ``answer``, e.g. MATH-500 (Lightman et al., 2023).
 
 The reference is the LaTeX ``answer`` field, checked with ``math-verify`` (``kind="math"``) by
-``triage_trl.rewards.accuracy_reward``.
+``triage_trl.rewards.verified_answer_reward``.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     """
     from vllm import SamplingParams
 
-    from ..rewards import accuracy_reward
+    from ..rewards import verified_answer_reward
 
     tokenizer = trainer.processing_class
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
@@ -71,6 +71,6 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
     completions = [o.outputs[0].text for o in outputs]
     extra = {"rg_entry": dataset["rg_entry"]} if "rg_entry" in dataset.column_names else {}
-    rewards = accuracy_reward(completions, dataset["answer"], dataset["answer_kind"], **extra)
+    rewards = verified_answer_reward(completions, dataset["answer"], dataset["answer_kind"], **extra)
     outcomes = [r == 1.0 for r in rewards]
     return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)

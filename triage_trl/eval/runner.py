@@ -4,7 +4,8 @@ Output folder (``output_dir``):
 
 * ``config.json`` - the run's settings; a rerun with other settings is refused (results would mix);
 * ``records/<benchmark>.jsonl`` - one line per finished problem, appended as chunks finish: ``id``,
-  ``reference``, ``completions``, ``extracted`` (per completion; ``None`` when no answer was found),
+  ``reference``, ``completions``, ``extracted`` (per completion: the answer that was scored, from the
+  last ``\\boxed{}``; ``None`` when no answer was found),
   ``correct`` (per completion), ``n_correct``. A rerun reads them and generates only the missing
   problems (resume after an interruption, or a larger ``limit``);
 * ``results.json`` - config, per-benchmark metrics, wall times and all records;
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..answers import extract_answer, verify
+from ..answers import check_answer
 from ..runtime import vllm_process_settings
 from .benchmarks import BENCHMARKS, Problem, load_benchmark
 from .metrics import summarize
@@ -110,9 +111,10 @@ class EvalResults:
 
 
 def score_completions(problem: Problem, completions: Sequence[str]) -> dict:
-    """The record of one problem: each completion's extracted answer and correctness (math-verify)."""
-    extracted = [extract_answer(c, kind=problem.kind, unit=problem.unit) for c in completions]
-    correct = [verify(c, problem.reference, kind=problem.kind, unit=problem.unit) for c in completions]
+    """The record of one problem: each completion's extracted answer and correctness (``check_answer``)."""
+    checks = [check_answer(c, problem.reference, kind=problem.kind, unit=problem.unit) for c in completions]
+    extracted = [c.extracted for c in checks]
+    correct = [c.correct for c in checks]
     return {
         "id": problem.id,
         "reference": problem.reference,
