@@ -39,7 +39,8 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
     def get(key, peft_config=None, **config):
         if key not in cache:
             from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
-            from triage_trl.data.arith import arith_dataset, digit_share_reward
+            from triage_trl.data.arith import arith_dataset
+            from triage_trl.rewards import digit_share_reward
 
             kwargs = dict(
                 output_dir=str(tmp_path_factory.mktemp(f"trainer-{key}")), use_cpu=True, bf16=False,

@@ -72,6 +72,7 @@ def test_registry_names_ours_apart_from_trl():
     import trl.rewards
 
     assert set(REWARD_FUNCS) == {"verified_answer_reward", "format_reward", "reasoning_gym_reward",
+                                 "boxed_answer_reward", "digit_share_reward",
                                  "accuracy_reward", "reasoning_accuracy_reward", "think_format_reward"}
     # TRL's names mean TRL's rewards (column `solution`), as in `trl grpo`
     assert REWARD_FUNCS["accuracy_reward"] is trl.rewards.accuracy_reward

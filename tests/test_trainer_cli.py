@@ -8,7 +8,8 @@ import os
 import pytest
 
 from triage_trl.cli import make_parser, resolve_reward_funcs, run
-from triage_trl.data.arith import arith_dataset, boxed_answer_reward, digit_share_reward
+from triage_trl.data.arith import arith_dataset
+from triage_trl.rewards import boxed_answer_reward, digit_share_reward
 from triage_trl.runs import TINY_MODEL, resolve_model
 from triage_trl.trainer import TriageGRPOConfig
 

