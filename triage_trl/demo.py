@@ -178,7 +178,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
     trainer.save_model(output_dir)
     trainer.create_model_card(model_name=os.path.basename(os.path.normpath(output_dir)), dataset_name="reasoning-gym")
     trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
-    first_last = mismatch_summary(trainer.triage_history)
+    first_last = mismatch_summary(trainer.state.log_history)
     logs = [h for h in trainer.state.log_history if "reward" in h]
     summary = {
         "model": model_path if model else "SmolLM2-135M-Instruct (embedded)",

@@ -26,7 +26,7 @@ from trl.trainer.utils import create_model_from_path
 from ..objective import METRIC_NAMES, triage_weights
 from ..segments import build_newline_table, segment_ids
 from .grpo_config import TriageGRPOConfig
-from .model_card import TRIAGE_PAPER, insert_section, triage_card_section
+from .model_card import TRIAGE_PAPER, build_model_card, triage_card_section
 from .sync_probe import check_probe_gap, probe_gap, probe_token_ids
 
 logger = logging.getLogger(__name__)
@@ -323,22 +323,46 @@ class TriageGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ model card
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card (tags, TRIAGE and GRPO citations) plus a TRIAGE section; see ``model_card.py``."""
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        """Write ``output_dir/README.md``: TRL's card layout with Hub metadata and the TRIAGE section.
+
+        See ``model_card.py``: ``base_model`` and ``license`` (also for the embedded SmolLM2's local copy),
+        ``datasets`` from ``dataset_name`` (a Hub dataset id), ``pipeline_tag``, TRL's tags and tracker links.
+        """
         if not self.is_world_process_zero():
             return
-        path = os.path.join(self.args.output_dir, "README.md")
-        section = triage_card_section(
-            triage_settings=self.args.triage_settings(),
-            nvfp4_settings=self.args.nvfp4_settings(),
-            kernels=self.kernel_report(),
-            history=self.triage_history,
-            sync_probe_gaps=self.sync_probe_gaps,
+        import sys
+
+        from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
+
+        tags = {tags} if isinstance(tags, str) else set(tags or ())
+        tags.update(self._tag_names)
+        if "JOB_ID" in os.environ:
+            tags.add("hf_jobs")
+        trackio_url = get_trackio_space_url()
+        if trackio_url is not None:
+            tags = {t for t in tags if not t.startswith("trackio:")} | {f"trackio:{trackio_url}"}
+        wandb = sys.modules.get("wandb")
+        output_dir = self.args.output_dir
+        card = build_model_card(
+            model_name=model_name or os.path.basename(os.path.normpath(output_dir)),
+            model_name_or_path=get_config_model_id(self.model.config),
+            model_id=getattr(self, "hub_model_id", None) or self.args.hub_model_id or output_dir,
+            trainer_name=self._name,
+            paper=self._paper,
+            tags=sorted(tags),
+            triage_section=triage_card_section(
+                triage_settings=self.args.triage_settings(),
+                nvfp4_settings=self.args.nvfp4_settings(),
+                kernels=self.kernel_report(),
+                log_history=self.state.log_history,
+                sync_probe_gaps=self.sync_probe_gaps,
+            ),
+            dataset_name=dataset_name,
+            wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) is not None else None,
+            trackio_url=trackio_url,
+            comet_url=get_comet_experiment_url(),
         )
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(insert_section(text, section))
+        card.save(os.path.join(output_dir, "README.md"))
 
     def kernel_report(self) -> dict[str, str]:
         """Which kernels / layer paths ran: the sampler's own report and the NVFP4 learner's summary."""
