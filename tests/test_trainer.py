@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from datasets import Dataset
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -395,15 +396,19 @@ def test_training_steps_with_stand_in_sampler(tmp_path, tiny_qwen3_dir, fake_sam
     assert trainer.vllm_generation.syncs == 2
     assert len(trainer.sync_probe_gaps) == 2
 
-    trainer.create_model_card(model_name="tiny-triage")  # TRL writes it next to checkpoints; the CLI calls it
-    card = (tmp_path / "README.md").read_text()
-    for tag in ("trl", "grpo", "triage", "nvfp4"):
-        assert f"- {tag}\n" in card
-    assert "2610.07043" in card and "@article{triage2026nvfp4" in card
-    assert "reconstructed from the abstract" in card
-    assert "| `triage_mode` | `full` |" in card and "| `sampler_precision` | `bf16` |" in card
-    assert "first vs last step" in card and "`triage/gap_abs_mean`" in card
-    assert "Kernels that ran" in card
+    trainer.create_model_card(model_name="tiny-triage", dataset_name="openai/gsm8k")  # the CLI calls it
+    card = ModelCard.load(tmp_path / "README.md")
+    assert {"trl", "grpo", "triage", "nvfp4"} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "text-generation" and card.data.datasets == ["openai/gsm8k"]
+    assert card.data.model_name == "tiny-triage" and card.data.library_name == "transformers"
+    assert card.data.base_model is None  # a random local model names no Hub model, and no link says "None"
+    assert "huggingface.co/None" not in card.text and f'model="{tmp_path}"' in card.text
+    text = card.text
+    assert "2610.07043" in text and "@article{triage2026nvfp4" in text
+    assert "reconstructed from the abstract" in text
+    assert "| `triage_mode` | `full` |" in text and "| `sampler_precision` | `bf16` |" in text
+    assert "| metric | step 1 | step 2 |" in text and "`triage/gap_abs_mean`" in text  # the logs' steps
+    assert "Kernels that ran" in text
 
 
 def test_skipped_sync_is_caught_before_the_batch_trains(tmp_path, tiny_qwen3_dir, fake_sampler):

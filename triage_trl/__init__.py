@@ -16,7 +16,7 @@ from .objective import (
 from .segments import build_newline_table, segment_ids
 from .triage_config import TriageConfig
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "METRICS",

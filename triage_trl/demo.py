@@ -137,7 +137,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
     before, after = evaluator.results[0][1], evaluator.results[-1][1]
     gain, gain_se = paired_difference(before, after)
     finished = finish_run(trainer, dataset_name="reasoning-gym", plots=plots)
-    first_last = mismatch_summary(trainer.triage_history)
+    first_last = mismatch_summary(trainer.state.log_history)
     logs = [h for h in trainer.state.log_history if "reward" in h]
     summary = {
         "model": model_path if model else "SmolLM2-135M-Instruct (embedded)",

