@@ -1,6 +1,8 @@
-"""``python -m triage_trl --config recipes/<recipe>.yaml``: see :mod:`triage_trl.cli`."""
+"""``python -m triage_trl --config <recipe>``: the ``triage-grpo`` command (see :mod:`triage_trl.cli`)."""
+
+import sys
 
 from .cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
