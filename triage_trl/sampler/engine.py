@@ -24,6 +24,7 @@ Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``Worker.reloa
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -274,6 +275,23 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.num_syncs += 1
         if self.on_sync is not None:
             self.on_sync()
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Shut the in-process vLLM engine down and drop it, so another engine can start in this process; a second
+        call does nothing.
+
+        vLLM 0.31's own teardown (``EngineCore.shutdown``: executor and scheduler shutdown, then
+        ``cleanup_dist_env_and_memory``, which destroys vLLM's parallel groups and torch.distributed's default group
+        and collects garbage). Those groups are process globals: close an engine only when no other engine of this
+        process is still in use, and, in a multi-process run, only at the end (after saving and pushing).
+        """
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
 
     # ------------------------------------------------------------------ probe
 

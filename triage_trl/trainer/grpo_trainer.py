@@ -286,6 +286,19 @@ class TriageGRPOTrainer(GRPOTrainer):
             card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
             card.save(os.path.join(self.args.output_dir, "README.md"))
 
+    def close(self) -> None:
+        """Free the colocated vLLM engine (:meth:`TriageVLLMGeneration.close`), e.g. before a re-run notebook cell
+        builds another trainer. The trainer can still save and push, not generate. Also the end of a ``with`` block:
+        ``with TriageGRPOTrainer(...) as trainer: trainer.train()``."""
+        if getattr(self, "vllm_generation", None) is not None:
+            self.vllm_generation.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def kernel_report(self) -> dict[str, str]:
         """Which kernels / layer paths ran: the sampler's own report and the NVFP4 learner's summary."""
         report = {}
