@@ -174,6 +174,34 @@ def test_cli_reports_bad_data_dir(tmp_path, capsys, tiny_qwen3_dir):
     assert main(["--model", tiny_qwen3_dir, "--benchmarks", "gsm8k", "--data-dir", str(tmp_path),
                  "--output-dir", str(tmp_path / "o"), "--backend", "transformers"]) == 2
     assert "test.jsonl does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_cli_checks_every_input_before_writing(tmp_path, capsys, tiny_qwen3_dir, data_dir, monkeypatch):
+    import huggingface_hub.constants
+
+    out = tmp_path / "o"
+    common = ["--benchmarks", "gsm8k", "--data-dir", str(data_dir), "--output-dir", str(out), "--limit", "2",
+              "--backend", "transformers", "--max-new-tokens", "4", "--no-progress"]
+    assert main(["--model", str(tmp_path / "no-model"), *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is neither a local folder nor a valid Hub id" in err[0]
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert main(["--model", "nobody/no-such-model-x1", *common]) == 2
+    assert "the Hub cannot be reached" in capsys.readouterr().err
+    assert main(["--model", tiny_qwen3_dir, *common[:3], str(tmp_path / "empty"), *common[4:]]) == 2
+    assert not out.exists()
+    # The folder was left untouched, so a good run with any settings starts there.
+    assert main(["--model", tiny_qwen3_dir, *common, "--seed", "3"]) == 0
+    assert json.loads((out / "config.json").read_text())["seed"] == 3
+
+
+def test_cli_version(capsys):
+    from triage_trl import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"triage-trl {__version__}"
 
 
 @pytest.mark.slow

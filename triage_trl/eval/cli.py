@@ -2,7 +2,7 @@
 
 Example::
 
-    triage-eval --model smollm2-135m-instruct --benchmarks gsm8k,math500 --data-dir ../shared/data \\
+    triage-eval --model smollm2-135m-instruct --benchmarks gsm8k,math500 --data-dir data \\
         --limit 100 --precision nvfp4 --output-dir eval-smollm2-nvfp4
 
 Writes ``results.json`` / ``results.md`` and per-problem records into ``--output-dir`` (rerunning the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import __version__
 from ..nvfp4.config import PRECISIONS
 from .benchmarks import BENCHMARKS
 
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model folder, Hub id, or smollm2-135m-instruct (embedded default)")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS, help=f"comma-separated, from: {DEFAULT_BENCHMARKS}")
     p.add_argument("--data-dir", default=None,
-                   help="folder of <benchmark>/test.jsonl (like ../shared/data); omit to load the Hub datasets")
+                   help="folder holding <benchmark>/test.jsonl files (e.g. data/gsm8k/test.jsonl); omit to load the "
+                   "Hub datasets")
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
     p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="transformers backend batch size")
     p.add_argument("--max-model-len", type=int, default=None, help="vLLM context (default: longest prompt + max new tokens)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--version", action="version", version=f"triage-trl {__version__}")
     return p
 
 
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed, output_dir=args.output_dir, one_shot=args.one_shot, batch_size=args.batch_size,
             max_model_len=args.max_model_len, progress=args.progress,
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ConnectionError) as e:  # bad input, or a Hub benchmark offline
         print(f"triage-eval: error: {e}", file=sys.stderr)
         return 2
     print(results.to_markdown())

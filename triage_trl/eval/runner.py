@@ -11,7 +11,7 @@ Output folder (``output_dir``):
 * ``results.json`` - config, per-benchmark metrics, wall times and all records;
 * ``results.md`` - one markdown table for all benchmarks.
 
-Source: TRIAGE issue 6.
+Nothing is written before every input (settings, model, benchmark files) has been checked.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..answers import check_answer
+from ..preflight import check_model_source
 from ..runtime import vllm_process_settings
 from .benchmarks import BENCHMARKS, Problem, load_benchmark
 from .metrics import summarize
@@ -125,7 +126,8 @@ def score_completions(problem: Problem, completions: Sequence[str]) -> dict:
     }
 
 
-def _check_config(output_dir: Path, config: EvalConfig) -> None:
+def _check_config(output_dir: Path, config: EvalConfig, *, write: bool) -> None:
+    """Refuse an ``output_dir`` holding results of other settings; with ``write``, record these settings there."""
     path = output_dir / "config.json"
     mine = {k: asdict(config)[k] for k in _RESUME_KEYS}
     if path.is_file():
@@ -136,7 +138,7 @@ def _check_config(output_dir: Path, config: EvalConfig) -> None:
                 f"{output_dir} holds results made with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                 "use another --output-dir, or delete that folder to start again."
             )
-    else:
+    elif write:
         output_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(mine, indent=1))
 
@@ -208,6 +210,8 @@ def evaluate(
     Raises:
         ValueError: unknown benchmark/precision/backend, ``n < 1``, ``temperature < 0``, greedy with
             ``n > 1``, or an ``output_dir`` holding results of other settings.
+        FileNotFoundError: a model that is neither a local folder nor a Hub model this machine can reach, or a
+            missing benchmark file. Nothing is written to ``output_dir`` before all inputs are checked.
     """
     from transformers import AutoTokenizer
 
@@ -230,11 +234,16 @@ def evaluate(
                         max_new_tokens=max_new_tokens, seed=seed, one_shot=one_shot)
     out = Path(output_dir) if output_dir is not None else None
     if out is not None:
-        _check_config(out, config)
+        _check_config(out, config, write=False)
 
+    # Every input is checked before anything is written: a refused run leaves no config.json behind.
     model_path = _resolve_model(str(model))
+    if engine is None:
+        check_model_source(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     problems = {b: load_benchmark(b, data_dir, limit) for b in names}
+    if out is not None:
+        _check_config(out, config, write=True)
     prompt_ids = {
         b: [tokenizer(render_prompt(tokenizer, build_messages(p, one_shot=one_shot)), add_special_tokens=False)["input_ids"]
             for p in ps]
