@@ -47,7 +47,8 @@ class TriageGRPOTrainer(GRPOTrainer):
     Args:
         model: as [`~trl.GRPOTrainer`] (a Hub id or local folder is loaded by TRL, with TRL's rules).
         reward_funcs: as [`~trl.GRPOTrainer`].
-        args: a [`TriageGRPOConfig`] (default: one named after the model, TRIAGE full, colocated vLLM sampler).
+        args: a [`TriageGRPOConfig`] (default: one named after the model, TRIAGE full, colocated vLLM sampler;
+            ``use_cpu=True`` on a machine without an accelerator, so TRL's quickstart call also runs on CPU).
         **kwargs: every other [`~trl.GRPOTrainer`] argument (``train_dataset``, ``peft_config``, ...).
 
     Raises:
@@ -317,7 +318,10 @@ class TriageGRPOTrainer(GRPOTrainer):
 def _triage_args(model, args) -> TriageGRPOConfig:
     if args is None:
         name = model if isinstance(model, str) else model.config._name_or_path
-        return TriageGRPOConfig(f"{str(name).split('/')[-1]}-TRIAGE-GRPO")
+        # By keyword: the first positional field is the mixins' (learner_precision), not TRL's output_dir. Without
+        # any accelerator, TrainingArguments refuses its own bf16 default unless use_cpu is set.
+        return TriageGRPOConfig(output_dir=f"{str(name).split('/')[-1]}-TRIAGE-GRPO",
+                                use_cpu=not torch.accelerator.is_available())
     if not isinstance(args, TriageGRPOConfig):
         raise TypeError(
             f"TriageGRPOTrainer needs a TriageGRPOConfig; got {type(args).__name__}. Build one with the same fields "
