@@ -1,4 +1,5 @@
-"""``dataset_name`` as a Hub id or local dataset with a column mapping (``triage_trl.data.custom``), local files only."""
+"""``dataset_name`` as a Hub id or a local dataset with a column mapping (``triage_trl.data.custom``); local files
+only."""
 
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from triage_trl import __version__
-from triage_trl.cli import configure_logging, main, make_parser, parse_args, prepare, resolve_recipe, resolve_reward_funcs, run
+from triage_trl.cli import (
+    configure_logging, main, make_parser, parse_args, prepare, resolve_recipe, resolve_reward_funcs, run,
+)
 from triage_trl.data.arith import arith_dataset
 from triage_trl.rewards import boxed_answer_reward, digit_share_reward
 from triage_trl.runs import TINY_MODEL, resolve_model
@@ -192,7 +194,8 @@ def test_qlora_flags_pass_through_trl_without_the_sampler(tmp_path, monkeypatch)
 
 # --- reward modules in the working directory ---
 def test_reward_module_in_the_working_directory(tmp_path, monkeypatch):
-    (tmp_path / "cwd_rewards_17.py").write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
+    module = "def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n"
+    (tmp_path / "cwd_rewards_17.py").write_text(module)
     monkeypatch.chdir(tmp_path)
     # As under the console script: sys.path holds the script's folder, not the working directory.
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])

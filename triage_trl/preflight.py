@@ -53,8 +53,14 @@ def check_model_source(name: str, *, revision: str | None = None) -> None:
             "`tiny-qwen3` (no network)."
         ) from None
     except OSError as err:  # RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError, HTTP errors
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FileNotFoundError(f"Model {name!r} is not a local folder and the Hub does not serve it: {reason}") from None
+        message = f"Model {name!r} is not a local folder and the Hub does not serve it: {first_line(err)}"
+        raise FileNotFoundError(message) from None
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (the exception's class name when the message is empty)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def required_columns(reward_func) -> list[str]:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from ..answers import KINDS
+from ..preflight import first_line
 from .prompts import boxed_chat_prompt
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -100,8 +101,8 @@ def _load(source: str, config: str | None, split: str):
     try:
         loaded = load_dataset(source, name=config)
     except (ConnectionError, FileNotFoundError) as err:  # offline and not cached; DatasetNotFoundError
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FileNotFoundError(f"Dataset {source!r} is not a local path and cannot be loaded from the Hub ({reason}): "
+        raise FileNotFoundError(f"Dataset {source!r} is not a local path and cannot be loaded from the Hub "
+                                f"({first_line(err)}): "
                                 "download it while online, or give a local file or folder.") from None
     return loaded if isinstance(loaded, Dataset) else _pick(loaded, split, source)
 
