@@ -24,7 +24,7 @@ REBALANCE_SCOPES = get_args(RebalanceScope)
 REPAIR_MODES = get_args(RepairMode)
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: TriageGRPOConfig keeps TRL's positional output_dir first
 class TriageConfig:
     """Settings of the TRIAGE objective (``docs/objective.md``, steps 1-9). Validated at construction.
 
