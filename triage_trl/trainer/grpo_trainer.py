@@ -157,6 +157,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         """With ``nvfp4_learner_scales="sampler"``: give the learner the sampler's activation scales."""
         if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
+        if self.vllm_generation.input_global_scales is None:  # calibrated at the first sync (sharded learners)
+            return
         from ..nvfp4.learner import set_sampler_input_scales
 
         set_sampler_input_scales(self.model, self.vllm_generation.input_global_scales)
