@@ -1,10 +1,11 @@
-"""Two-process worker of ``tests/test_distributed_sharded.py``: the NVFP4 sampler on an FSDP2-sharded or
-ZeRO-3-partitioned NVFP4 learner, 3 optimizer steps, on CPU with gloo. Not a test module; run under torchrun:
+"""Two-process worker of ``tests/test_distributed_sharded.py``: the vLLM sampler on an FSDP2-sharded or
+ZeRO-3-partitioned learner, 3 optimizer steps, on CPU with gloo. Not a test module; run under torchrun:
 
-    torchrun --nproc_per_node 2 tests/sharded_worker.py {fsdp2|zero3} {dynamic|sampler} MODEL_DIR OUT_DIR
+    torchrun --nproc_per_node 2 tests/sharded_worker.py {fsdp2|zero3} {bf16|dynamic|sampler} {bf16|nvfp4} MODEL OUT
 
-(the second argument: the NVFP4 learner's ``scales``; with ``sampler`` the sampler's activation scales are pushed
-to the learner after every sync, as the trainer does).
+The second argument is the learner: ``bf16`` (not converted) or the NVFP4 learner with ``dynamic`` or ``sampler``
+scales (with ``sampler`` the sampler's activation scales are pushed to the learner after every sync, as the trainer
+does); the third the sampler precision.
 
 Why not the trainer: accelerate 1.15 enables FSDP and DeepSpeed only on accelerators (with ``cpu=True`` it drops
 them), so ``TriageGRPOTrainer`` cannot be launched with either on CPU. This worker builds what accelerate's FSDP2
@@ -69,7 +70,8 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
     from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    convert_to_nvfp4_learner(reference, native=False, scales=scales)
+    if scales != "bf16":
+        convert_to_nvfp4_learner(reference, native=False, scales=scales)
     if mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -98,7 +100,8 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
             if dist.get_rank() == 0:
                 param.copy_(state[name])
-    convert_to_nvfp4_learner(model, native=False, scales=scales)
+    if scales != "bf16":
+        convert_to_nvfp4_learner(model, native=False, scales=scales)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ZERO3)
 
     def step():
@@ -116,7 +119,7 @@ def probe_gap(gen, learner, tokenizer) -> float:
     return float((learner_logps - torch.tensor(gen.score_logps([ids])[0])).abs().mean())
 
 
-def main(mode: str, scales: str, model_dir: str, out_dir: str) -> None:
+def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -> None:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
@@ -135,11 +138,11 @@ def main(mode: str, scales: str, model_dir: str, out_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
     model, reference, step = build(mode, scales, model_dir, torch.tensor([tokenizer(PROBE)["input_ids"]]))
-    facts = {"rank": rank, "world_size": accelerator.num_processes, "mode": mode, "scales": scales, "gaps": [],
-             "learner_diff": []}
+    facts = {"rank": rank, "world_size": accelerator.num_processes, "mode": mode, "scales": scales,
+             "precision": precision, "gaps": [], "learner_diff": []}
     with vllm_process_settings(cpu_kv_cache_gib=1):
         gen = TriageVLLMGeneration(
-            model, accelerator, tokenizer, sampler_precision="nvfp4", calibration_prompts=PROMPTS,
+            model, accelerator, tokenizer, sampler_precision=precision, calibration_prompts=PROMPTS,
             checkpoint_dir=os.path.join(out_dir, "sampler_checkpoint"), max_model_length=256, max_num_seqs=4,
             max_completion_length=8, temperature=1.0,
         )
@@ -158,16 +161,16 @@ def main(mode: str, scales: str, model_dir: str, out_dir: str) -> None:
                 diff = (model(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max()
             facts["learner_diff"].append(float(diff))
         scales = gen.input_global_scales
-        facts["input_global_scales"] = {k: float(v) for k, v in scales.items()}
+        facts["input_global_scales"] = {k: float(v) for k, v in (scales or {}).items()}
+        quantized = quantized_linear_names(model) if precision == "nvfp4" else ()
         whole_blocks = []
         ours = {}
-        for name, tensor in iter_sampler_weights(model, quantized=quantized_linear_names(model),
-                                                 input_global_scales=scales):
+        for name, tensor in iter_sampler_weights(model, quantized=quantized, input_global_scales=scales):
             whole_blocks.append(_blocks_whole(model))
             ours[name] = tensor.clone()
         facts["max_whole_blocks"] = max(whole_blocks)
         facts["blocks"] = len(model.model.layers)
-        plain = dict(iter_nvfp4_checkpoint_weights(reference, scales))
+        plain = dict(iter_nvfp4_checkpoint_weights(reference, scales)) if quantized else reference.state_dict()
         facts["export_names_equal"] = sorted(ours) == sorted(plain)
         facts["export_bitwise_equal"] = facts["export_names_equal"] and all(
             torch.equal(ours[n].view(torch.uint8), plain[n].view(torch.uint8)) for n in plain
@@ -179,4 +182,4 @@ def main(mode: str, scales: str, model_dir: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

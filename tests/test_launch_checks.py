@@ -45,14 +45,17 @@ def launched(monkeypatch):
         (ZERO3, {}, NotImplementedError, "accelerate runs FSDP and DeepSpeed only on accelerators"),
         (FSDP1, {"use_cpu": False}, NotImplementedError, "fsdp_version: 2"),
         (ZERO2, {"use_cpu": False, "learner_precision": "nvfp4"}, NotImplementedError,
-         r"\.data\.copy_.*learner_precision='bf16' with DeepSpeed"),
+         r"\.data\.copy_.*learner_precision='bf16' with deepspeed"),
         (FSDP2, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "nvfp4_learner_scales='dynamic'"),
+        (ZERO3, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "ZeRO-3 gathers only the running layer"),
+        (FSDP2, {"use_cpu": False, **NVFP4_BOTH, "nvfp4_learner_scales": "dynamic"}, NotImplementedError,
+         "in-place all-gather.*multi_gpu.yaml"),
         (ZERO3, {"use_cpu": False, "learner_precision": "nvfp4", "nvfp4_learner_scales": "dynamic"},
-         NotImplementedError, "DeepSpeed writes updated parameters"),
+         NotImplementedError, "stale weights"),
         ({"WORLD_SIZE": "2"}, {"use_cpu": False}, RuntimeError, "every process would train its own copy.*use_cpu"),
     ],
     ids=["fsdp-on-cpu", "deepspeed-on-cpu", "fsdp1", "deepspeed-nvfp4-learner", "fsdp2-sampler-scales",
-         "zero3-nvfp4-learner", "processes-that-train-alone"],
+         "zero3-sampler-scales", "fsdp2-nvfp4-learner", "zero3-nvfp4-learner", "processes-that-train-alone"],
 )
 def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launched, env, overrides, error, match):
     launched(env)
@@ -63,13 +66,13 @@ def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launche
 @pytest.mark.parametrize(
     "env, overrides, kind",
     [
-        (FSDP2, {"use_cpu": False, **NVFP4_BOTH, "nvfp4_learner_scales": "dynamic"}, "fsdp"),
         (FSDP2, {"use_cpu": False, "sampler_precision": "nvfp4"}, "fsdp"),
+        ({"WORLD_SIZE": "1"}, {"use_cpu": False, **NVFP4_BOTH}, "single"),
         (ZERO3, {"use_cpu": False, "sampler_precision": "nvfp4"}, "deepspeed"),
         (ZERO2, {"use_cpu": False}, "deepspeed"),
         ({}, NVFP4_BOTH, "single"),
     ],
-    ids=["fsdp2-nvfp4-dynamic", "fsdp2-bf16-learner", "zero3-bf16-learner", "zero2-bf16", "single-nvfp4"],
+    ids=["fsdp2-bf16-learner", "ddp-launcher-one-process", "zero3-bf16-learner", "zero2-bf16", "single-nvfp4"],
 )
 def test_supported_launches_build_their_config(tmp_path, launched, env, overrides, kind):
     launched(env)

@@ -72,9 +72,9 @@ class TriageVLLMGeneration(VLLMGeneration):
             ``kv_cache_memory_bytes``). On CPU ``enforce_eager`` defaults to ``True``.
         recalibrate_every_sync: NVFP4 only. ``False`` (default): keep the activation scales calibrated at the first
             weight load, as a deployed static-scale checkpoint does; a sync without a weight change then leaves the
-            sampler bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the current
-            learner before each sync, as a fresh export would (one learner forward per calibration prompt); on a
-            135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
+            sampler bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the
+            current learner before each sync, as a fresh export would (one learner forward per calibration prompt);
+            on a 135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
         sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
             rank term only, so every run would sample alike; the trainer passes ``args.seed``).
 
