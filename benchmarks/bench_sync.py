@@ -11,7 +11,7 @@ calibrates); the figures are medians over the later steps:
   with storage of their own: NVFP4 codes and scales, casts), over the learner's parameter bytes (goal: about one
   decoder layer, ``layer_share=``).
 
-Usage: ``python benchmarks/bench_sync.py [--steps 3] [--max-completion-length 32]``
+Usage: ``python benchmarks/bench_sync.py [--steps 2] [--max-completion-length 32]``
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class LiveBytes:
 
 
 def timed(owner, name: str, seconds: list[float]):
-    """Wrap ``owner.<name>`` so each call appends its wall time to ``seconds``."""
+    """Wrap ``owner.<name>`` so each call appends its wall time to ``seconds`` (and prints it at once)."""
     original = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -56,13 +56,14 @@ def timed(owner, name: str, seconds: list[float]):
             return original(*args, **kwargs)
         finally:
             seconds.append(time.perf_counter() - start)
+            print(f"{name}_s={seconds[-1]:.3f}", flush=True)
 
     setattr(owner, name, wrapper)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-completion-length", type=int, default=32)
     args = parser.parse_args()
     if args.steps < 2:
@@ -98,8 +99,8 @@ def main() -> None:
         step_s = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
         param_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         layer_bytes = sum(p.numel() * p.element_size() for p in trainer.model.model.layers[0].parameters())
-    # sync_s: the load at sampler start, then one per step; probe_s and step_s: one per step. Step 1 warms up.
-    sync, probe, step = (statistics.median(x) for x in (sync_s[2:], probe_s[1:], step_s[1:]))
+    # One sync, one probe and one step time per step (the load at sampler start is not timed). Step 1 warms up.
+    sync, probe, step = (statistics.median(x[1:]) for x in (sync_s, probe_s, step_s))
     print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f}")
     print(f"param_bytes={param_bytes} sync_peak_extra_bytes={live.peak} layer_bytes={layer_bytes}")
     print(f"sync_peak_share={live.peak / param_bytes:.4f} layer_share={layer_bytes / param_bytes:.4f}")
