@@ -2,14 +2,20 @@
 
 ``TriageVLLMGeneration`` is TRL 1.16's ``VLLMGeneration`` (colocate mode) with three changes:
 
-* **start** (``_init_vllm``): the current policy is written to ``checkpoint_dir`` (NVFP4: a compressed-tensors
-  ``nvfp4-pack-quantized`` checkpoint from ``triage_trl.nvfp4.export``, with activation global scales calibrated on
-  ``calibration_prompts``; bf16: a plain checkpoint) and ``vllm.LLM`` starts on it in this process through the
+* **start** (``_init_vllm``): the local main process of each node writes a *structural* checkpoint into
+  ``checkpoint_dir`` (config, tokenizer and, for NVFP4, the compressed-tensors ``nvfp4-pack-quantized`` quantisation
+  config; no weights) and ``vllm.LLM`` starts on it in every process with ``load_format="dummy"`` through the
   project's one engine start (:func:`~triage_trl.sampler.vllm_engine.start_engine`) with
-  ``logprobs_mode="processed_logprobs"``. :attr:`kernel_report` records which linear kernels really run.
+  ``logprobs_mode="processed_logprobs"``. The learner's weights are then loaded from memory like a sync: at once when
+  every rank holds them whole (one process, DDP), at the first sync when they are sharded or partitioned (FSDP2,
+  ZeRO-3: the trainer shards only in ``train()``). NVFP4 activation global scales are calibrated on
+  ``calibration_prompts`` at that first load and reduced across ranks (the largest activation any rank saw), so every
+  rank serves the same quantised model. :attr:`kernel_report` records which linear kernels really run.
 * **sync** (``sync_weights``): every weight, in checkpoint format (re-quantised to NVFP4 for the NVFP4 sampler), goes
   to vLLM in ONE ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` call on the worker (inside vLLM's
-  config context), then the prefix cache is reset and :attr:`on_sync` runs (the trainer's scale push and probe).
+  config context), produced one decoder block at a time
+  (:func:`~triage_trl.sampler.distributed_export.iter_sampler_weights`: FSDP2 and ZeRO-3 gather one block at a
+  time); then the prefix cache is reset and :attr:`on_sync` runs (the trainer's scale push and probe).
   TRL's per-tensor ``load_weights`` sync fails on the vLLM CPU build and cannot re-quantise; one tensor per reload
   call silently corrupts the model (each call re-initialises the layers it does not see).
 * **probe** (``score_logps``): the sampler's log-probs of given token sequences (vLLM prompt log-probs at the
@@ -23,7 +29,6 @@ Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``Worker.reloa
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -35,6 +40,12 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
+from .distributed_export import (
+    all_ranks_agree,
+    iter_sampler_weights,
+    parameters_materialized,
+    reduce_input_global_scales,
+)
 from .vllm_engine import sampler_tensors, start_engine, write_engine_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -56,21 +67,23 @@ class TriageVLLMGeneration(VLLMGeneration):
             per-tensor scales, calibrated on the learner at start and, on request, again at every sync). Each is a
             string, a list of token ids (decoded with ``processing_class``) or a chat (list of
             ``{"role", "content"}``, rendered with the chat template). Required for ``"nvfp4"``.
-        checkpoint_dir: folder for the checkpoint vLLM starts from (created; overwritten).
+        checkpoint_dir: node-local folder for the structural checkpoint vLLM starts from (created; overwritten by
+            the local main process of each node).
         llm_kwargs: extra ``vllm.LLM`` arguments, overriding ours (e.g. ``enforce_eager``,
             ``kv_cache_memory_bytes``). On CPU ``enforce_eager`` defaults to ``True``.
-        recalibrate_every_sync: NVFP4 only. ``False`` (default): keep the activation scales calibrated at start,
-            as a deployed static-scale checkpoint does; a sync without a weight change then leaves the sampler
-            bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the current
-            learner before each sync, as a fresh export would (one learner forward per calibration prompt); on a
-            135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
+        recalibrate_every_sync: NVFP4 only. ``False`` (default): keep the activation scales calibrated at the first
+            weight load, as a deployed static-scale checkpoint does; a sync without a weight change then leaves the
+            sampler bit-identical (activations growing past the calibrated range clip). ``True``: recalibrate on the
+            current learner before each sync, as a fresh export would (one learner forward per calibration prompt);
+            on a 135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
         sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
             rank term only, so every run would sample alike; the trainer passes ``args.seed``).
 
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
             layer counts), GEMM path and activation precision, read from the loaded vLLM model.
-        input_global_scales: NVFP4 activation global scales (``{hf_linear_name: 0-dim fp32}``), or ``None``.
+        input_global_scales: NVFP4 activation global scales (``{hf_linear_name: 0-dim fp32}``, identical on every
+            rank), or ``None`` before the first weight load.
         num_syncs: completed ``sync_weights`` calls.
         on_sync: ``Callable[[], None] | None``, called after every completed sync (the trainer installs its scale
             push and sync probe here, so every sync TRL triggers is checked).
@@ -129,9 +142,7 @@ class TriageVLLMGeneration(VLLMGeneration):
                 "(e.g. the first 8-32 training prompts)."
             )
         self._join_colocated_ranks()
-        # Every rank computes the export (collectives under ZeRO-3); the main process writes it.
-        self._write_checkpoint()
-        self.accelerator.wait_for_everyone()
+        self._write_structural_checkpoint()
         self.llm, self.kernel_report = start_engine(
             self.checkpoint_dir,
             self.sampler_precision,
@@ -147,8 +158,14 @@ class TriageVLLMGeneration(VLLMGeneration):
             logprobs_mode="processed_logprobs",
             max_logprobs=-1,  # score_logps at T != 1 rescales full-vocabulary prompt log-probs
             trust_remote_code=self.trust_remote_code,
+            load_format="dummy",  # the weights come from the learner, in memory: see _load_learner_weights
             **self.llm_kwargs,
         )
+        # Weights whole on every rank (one process, DDP): load them now. Sharded or partitioned (FSDP2, ZeRO-3,
+        # meta-device loading): the first sync loads them, after the trainer has prepared the model.
+        whole = not (self._dist.is_fsdp or self._dist.is_zero3) and parameters_materialized(self.model)
+        if all_ranks_agree(whole, self.accelerator):
+            self._load_learner_weights()
         if self.enable_sleep_mode:
             self.llm.sleep(level=2)
         self._llm_weights_sleeping = self.enable_sleep_mode
@@ -178,30 +195,30 @@ class TriageVLLMGeneration(VLLMGeneration):
         os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
         ensure_master_addr_port()
 
-    def _write_checkpoint(self) -> None:
-        write = self.accelerator.is_main_process
-        config = _hf_config(self.model)
-        tokenizer = _tokenizer_of(self.processing_class)
-        if self.sampler_precision == "nvfp4":
-            from ..nvfp4.export import iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
+    def _write_structural_checkpoint(self) -> None:
+        """The folder vLLM starts from: config (with the compressed-tensors quantisation config for NVFP4) and
+        tokenizer, no weights (vLLM starts with ``load_format="dummy"``). Written by the local main process of each
+        node into ``checkpoint_dir`` (node-local); the other ranks wait. Reads no parameter value, so it works on
+        sharded, partitioned and meta-device models alike."""
+        if self.accelerator.is_local_main_process:
+            quantization_config = None
+            if self.sampler_precision == "nvfp4":
+                from ..nvfp4.export import nvfp4_quantization_config
 
-            model = self._unwrapped_for_export()
-            self.input_global_scales = self._calibrate(model)
-            with self._gathered():
-                tensors = iter_nvfp4_checkpoint_weights(model, self.input_global_scales)
-                if write:
-                    write_engine_checkpoint(self.checkpoint_dir, "nvfp4", tensors, config, tokenizer,
-                                            nvfp4_quantization_config(model))
-                else:
-                    for _ in tensors:
-                        pass
-        else:
-            tensors = self._iter_named_params()
-            if write:
-                write_engine_checkpoint(self.checkpoint_dir, "bf16", tensors, config, tokenizer)
-            else:
-                for _ in tensors:  # take part in the gather collectives
-                    pass
+                quantization_config = nvfp4_quantization_config(self.model)
+            write_engine_checkpoint(self.checkpoint_dir, self.sampler_precision, (), _hf_config(self.model),
+                                    _tokenizer_of(self.processing_class), quantization_config)
+        self.accelerator.wait_for_everyone()
+
+    def _load_learner_weights(self) -> None:
+        """Calibrate the NVFP4 activation scales if due (identical on every rank), then load the learner's weights
+        into the engine in one ``reload_weights`` call (a collective under FSDP2 and ZeRO-3)."""
+        if self.sampler_precision == "nvfp4" and (self.input_global_scales is None or self.recalibrate_every_sync):
+            self.input_global_scales = reduce_input_global_scales(self._calibrate(self.model), self.accelerator)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
@@ -224,54 +241,36 @@ class TriageVLLMGeneration(VLLMGeneration):
             "(list of {'role', 'content'} dicts)."
         )
 
-    def _unwrapped_for_export(self):
-        if self._dist.is_fsdp:
-            raise NotImplementedError(
-                "The NVFP4 sampler export reads full (unsharded) weights; FSDP is not supported with "
-                "sampler_precision='nvfp4'. Use DDP or DeepSpeed ZeRO-2/3, or sampler_precision='bf16'."
-            )
-        return self.model
-
-    @contextlib.contextmanager
-    def _gathered(self):
-        """Gather ZeRO-3 partitioned parameters (a no-op otherwise) around an export."""
-        with self._dist.gather_params(list(self.model.parameters())):
-            yield
-
     # ------------------------------------------------------------------ sync
 
     def _iter_sampler_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Checkpoint-format weights for vLLM, as the engine stores them: NVFP4-packed (re-quantised now) or bf16."""
-        if self.sampler_precision == "bf16":
-            yield from sampler_tensors(self._iter_named_params())
-            return
-        from ..nvfp4.export import iter_nvfp4_checkpoint_weights
+        """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
+        one decoder block made whole at a time (``distributed_export.iter_sampler_weights``)."""
+        quantized = ()
+        if self.sampler_precision == "nvfp4":
+            from ..nvfp4.export import quantized_linear_names
 
-        model = self._unwrapped_for_export()
-        if self.recalibrate_every_sync:
-            self.input_global_scales = self._calibrate(model)
-        with self._gathered():
-            yield from sampler_tensors(iter_nvfp4_checkpoint_weights(model, self.input_global_scales))
+            quantized = quantized_linear_names(self.model)
+        weights = iter_sampler_weights(self.model, quantized=quantized, input_global_scales=self.input_global_scales)
+        yield from sampler_tensors(weights)
 
     @torch.no_grad()
     def sync_weights(self):
         """Load the learner's current weights into vLLM in one ``reload_weights`` call; reset the prefix cache; run
         :attr:`on_sync`.
 
-        NVFP4: the weights are re-quantised (``iter_nvfp4_checkpoint_weights``, activation scales from start);
+        NVFP4: the weights are re-quantised (activation scales from the first load unless ``recalibrate_every_sync``);
         vLLM re-runs each layer's ``process_weights_after_loading``, which refreshes the fast CPU kernel's
-        dequantised weights. PEFT models send merged weights (adapters merged, then unmerged). The reload runs on
-        the worker (``LLM.collective_rpc``), inside vLLM's config context.
+        dequantised weights. PEFT models send merged weights (LoRA deltas added in float32). The reload runs on
+        the worker (``LLM.collective_rpc``), inside vLLM's config context. A collective under FSDP2 and ZeRO-3:
+        every rank calls it (TRL's ``_generate`` does).
         """
         if self.mode != "colocate":
             raise ValueError("TriageVLLMGeneration.sync_weights supports vllm_mode='colocate' only.")
         if self.enable_sleep_mode:
             self.llm.wake_up(tags=["weights"])
             self._llm_weights_sleeping = False
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
-        )
-        self.llm.reset_prefix_cache()
+        self._load_learner_weights()
         self.num_syncs += 1
         if self.on_sync is not None:
             self.on_sync()

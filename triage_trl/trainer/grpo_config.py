@@ -14,6 +14,7 @@ from trl import GRPOConfig
 
 from ..nvfp4.config import NVFP4Config
 from ..triage_config import TriageConfig
+from .distributed import check_launch, check_process_count
 from .sampling_rules import check_comparable_sampling, check_generation_kwargs
 
 # Loss types whose per-token policy-gradient term TRIAGE can weight through TRL's importance-sampling hook, and
@@ -32,6 +33,10 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
     [`triage_trl.nvfp4.config.NVFP4Config`], and the settings below.
 
     Parameters:
+        sampler_checkpoint_dir (`str` or `None`, *optional*):
+            Node-local folder the vLLM sampler starts from (no weights: config, tokenizer, NVFP4 quantisation
+            config). `None`: `<output_dir>/sampler_checkpoint`, with a `node<i>` subfolder per node on several
+            nodes.
         sync_probe_max_gap (`float` or `None`, *optional*):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
             sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it the trainer
@@ -48,7 +53,10 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
 
     Raises:
         ValueError: an invalid field or combination (the message names the field and the remedy).
-        NotImplementedError: TRIAGE with a `loss_type` it cannot weight.
+        NotImplementedError: TRIAGE with a `loss_type` it cannot weight; a launch the trainer cannot run
+            correctly (``triage_trl.trainer.distributed.check_launch``: FSDP/DeepSpeed on CPU, FSDP1, DeepSpeed
+            with the NVFP4 learner, ...).
+        RuntimeError: several processes launched but accelerate sees one in each (``use_cpu`` off on CPU).
     """
 
     sync_probe_max_gap: float | None = field(
@@ -57,6 +65,14 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             "help": "Bound (nats) on `triage/sync_probe_gap`, the mean |learner - sampler| log-prob of a fixed probe "
             "sequence measured after every weight sync; above it training stops with an error naming a stale or "
             "corrupt sampler. Unset: 0.1 when learner and sampler precisions match, 0.5 when they differ."
+        },
+    )
+    sampler_checkpoint_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Node-local folder the vLLM sampler starts from (config, tokenizer and NVFP4 quantisation config, "
+            "no weights; written by the local main process of each node). Unset: `<output_dir>/sampler_checkpoint`; "
+            "a run over several nodes adds a `node<i>` subfolder per node."
         },
     )
     # Overrides TRL's field (default False): TRIAGE needs the sampler's log-probs, so TRL's quickstart call works.
@@ -147,6 +163,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                     f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; "
                     f"got loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
                 )
+        check_launch(self)
+        check_process_count(self)
         if self.use_vllm:
             check_generation_kwargs(self.generation_kwargs)
             if self.uses_trl_is_hook:

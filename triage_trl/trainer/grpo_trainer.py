@@ -22,6 +22,7 @@ from trl import GRPOTrainer
 from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
 from ..segments import build_newline_table, segment_ids
+from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
@@ -73,7 +74,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.triage_mode = args.triage_mode
         self.triage_metrics = TriageMetricsLog()
         self.triage_history: list[dict[str, float]] = []
-        self.sync_probe_gaps: list[float] = []
+        self.sync_probe_gaps: list[float] = []  # per sync, mean over ranks (nats)
+        self.sync_probe_rank_gaps: list[list[float]] = []  # per sync, each rank's own gap (nats)
         self.nvfp4_learner_report = None
         self._synced_step = None
         built: list = []
@@ -112,12 +114,12 @@ class TriageGRPOTrainer(GRPOTrainer):
             sampler_precision=args.sampler_precision,
             calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
             recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
-            checkpoint_dir=os.path.join(args.output_dir, "sampler_checkpoint"),
             sampler_seed=args.seed,
         )
 
-        def factory(*a, **kw):
-            built.append(make(*a, **kw))
+        def factory(model, accelerator, processing_class, **kw):
+            checkpoint_dir = sampler_checkpoint_dir(args, accelerator)
+            built.append(make(model, accelerator, processing_class, checkpoint_dir=checkpoint_dir, **kw))
             return built[-1]
 
         return factory
@@ -160,6 +162,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         """With ``nvfp4_learner_scales="sampler"``: give the learner the sampler's activation scales."""
         if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
+        if self.vllm_generation.input_global_scales is None:  # calibrated at the first sync (sharded learners)
+            return
         from ..nvfp4.learner import set_sampler_input_scales
 
         set_sampler_input_scales(self.model, self.vllm_generation.input_global_scales)
@@ -176,16 +180,20 @@ class TriageGRPOTrainer(GRPOTrainer):
         gap, gap_max = probe_gap(learner_logps[0], sampler_logps)
         mode = "train" if self.model.training else "eval"
         reduced = self.triage_metrics.record(mode, {"triage/sync_probe_gap": gap, "triage/sync_probe_gap_max": gap_max})
-        gap = reduced["triage/sync_probe_gap"]
-        self.sync_probe_gaps.append(gap)
+        # Every rank's sampler must serve the current weights: bound the worst rank, not the mean over ranks.
+        rank_gaps = per_rank(self.accelerator, gap)
+        self.sync_probe_rank_gaps.append(rank_gaps)
+        self.sync_probe_gaps.append(reduced["triage/sync_probe_gap"])
+        worst = max(range(len(rank_gaps)), key=lambda r: rank_gaps[r])
         check_probe_gap(
-            gap,
+            rank_gaps[worst],
             self.args.resolved_sync_probe_max_gap,
+            rank=worst if len(rank_gaps) > 1 else None,
             step=self.state.global_step,
             learner_precision=self.args.learner_precision,
             sampler_precision=self.args.sampler_precision,
         )
-        return gap
+        return reduced["triage/sync_probe_gap"]
 
     # ------------------------------------------------------------------ rewards: zero-signal groups
 

@@ -63,12 +63,16 @@ def probe_gap(learner_logps: torch.Tensor, sampler_logps: torch.Tensor) -> tuple
     return float(diff.mean()), float(diff.max())
 
 
-def check_probe_gap(gap: float, bound: float, *, step: int, learner_precision: str, sampler_precision: str) -> None:
-    """Raise :class:`StaleSamplerError` when ``gap`` (nats) is not finite or exceeds ``bound``."""
+def check_probe_gap(
+    gap: float, bound: float, *, step: int, learner_precision: str, sampler_precision: str, rank: int | None = None
+) -> None:
+    """Raise :class:`StaleSamplerError` when ``gap`` (nats) is not finite or exceeds ``bound``; ``rank`` names the
+    process whose sampler it is (multi-process runs check the worst rank)."""
     if math.isfinite(gap) and gap <= bound:
         return
+    where = f" on rank {rank}" if rank is not None else ""
     raise StaleSamplerError(
-        f"Sync probe at step {step}: the sampler's log-probs of the probe sequence differ from the learner's by "
+        f"Sync probe at step {step}{where}: the sampler's log-probs of the probe sequence differ from the learner's by "
         f"{gap:.4g} nats on average (bound {bound:.4g}, learner {learner_precision}, sampler {sampler_precision}). "
         "The sampler is stale (a skipped or partial weight sync) or corrupt (a bad reload, e.g. per-tensor loading "
         "on the vLLM CPU build). Check the sampler's sync_weights; raise sync_probe_max_gap only if this gap is the "

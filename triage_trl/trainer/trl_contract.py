@@ -34,8 +34,6 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
     Requirement("trl.trainer.grpo_trainer:VLLMGeneration",
                 "trl_seam.trl_builds_sampler_with: TRL instantiates its vLLM backend through this module name"),
     Requirement("trl.generation.vllm_generation:VLLMGeneration", "TriageVLLMGeneration subclasses it"),
-    Requirement("trl.generation.vllm_generation:VLLMGeneration._iter_named_params",
-                "TriageVLLMGeneration's bf16 sync and start checkpoint (TRL's FSDP/ZeRO/PEFT-aware parameter walk)"),
     Requirement("trl.generation.vllm_generation:VLLMGeneration.__init__",
                 "TriageVLLMGeneration reads TRL's colocate settings from the attributes it sets",
                 ("self.tensor_parallel_size", "self.max_model_length", "self.enable_sleep_mode", "self._dist",

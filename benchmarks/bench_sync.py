@@ -1,0 +1,111 @@
+"""The sampler sync (re-quantise + reload) and the sync probe as a share of one GRPO step, and the sync's peak extra
+memory, on SmolLM2-135M-Instruct (CPU, one process, NVFP4 sampler + NVFP4 learner, TRIAGE full).
+
+Trains ``--steps`` TRIAGE-GRPO steps with ``TriageGRPOTrainer`` (TRL syncs the sampler at the start of every step,
+then the trainer runs the probe) and times, inside the same run, every sync (``_load_learner_weights``: calibration
+if due, block-wise NVFP4 export, one ``reload_weights``) and every probe. The first step is a warm-up (it also
+calibrates); the figures are medians over the later steps:
+
+* ``sync_share=`` (sync + probe) / step time, from TRL's ``step_time`` (goal: <= 0.05);
+* ``sync_peak_share=`` the largest number of bytes the export had created and vLLM still held at one time (tensors
+  with storage of their own: NVFP4 codes and scales, casts), over the learner's parameter bytes (goal: about one
+  decoder layer, ``layer_share=``).
+
+Usage: ``python benchmarks/bench_sync.py [--steps 2] [--max-completion-length 32]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import weakref
+
+import torch
+
+
+class LiveBytes:
+    """Bytes of the tensors an iterator created (own storage, not a model parameter's) that are still alive."""
+
+    def __init__(self):
+        self.live = 0
+        self.peak = 0
+
+    def track(self, pairs, model_storages: set[int]):
+        for name, tensor in pairs:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in model_storages:
+                size = storage.nbytes()
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(tensor, self._free, size)
+            yield name, tensor
+
+    def _free(self, size: int):
+        self.live -= size
+
+
+def timed(owner, name: str, seconds: list[float]):
+    """Wrap ``owner.<name>`` so each call appends its wall time to ``seconds`` (and prints it at once)."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+            print(f"{name}_s={seconds[-1]:.3f}", flush=True)
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--max-completion-length", type=int, default=32)
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step is a warm-up).")
+
+    from triage_trl.models import resolve_model_path
+    from triage_trl.runtime import vllm_process_settings
+    from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
+    from triage_trl.trainer.arith import arith_dataset, boxed_answer_reward, digit_share_reward
+
+    with tempfile.TemporaryDirectory() as out, vllm_process_settings(cpu_kv_cache_gib=1):
+        config = TriageGRPOConfig(
+            output_dir=out, use_cpu=True, bf16=False, learner_precision="nvfp4", sampler_precision="nvfp4",
+            triage_mode="full", per_device_train_batch_size=4, num_generations=4,
+            max_completion_length=args.max_completion_length, vllm_max_model_length=512, learning_rate=1e-5,
+            max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", seed=0, loss_type="dapo",
+            beta=0.0, nvfp4_calibration_prompts=4, model_init_kwargs={"dtype": torch.float32},
+            sync_probe_max_gap=2.0,  # SmolLM2-135M: NVFP4 learner vs NVFP4 sampler ~0.7-1 nat/token (as the demo)
+        )
+        trainer = TriageGRPOTrainer(model=resolve_model_path(), reward_funcs=[boxed_answer_reward, digit_share_reward],
+                                    args=config, train_dataset=arith_dataset(64, seed=0))
+        gen = trainer.vllm_generation
+        sync_s: list[float] = []
+        probe_s: list[float] = []
+        timed(gen, "_load_learner_weights", sync_s)
+        timed(trainer, "_run_sync_probe", probe_s)
+        live = LiveBytes()
+        storages = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+        export = gen._iter_sampler_weights
+        gen._iter_sampler_weights = lambda: live.track(export(), storages)
+        trainer.train()
+
+        step_s = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+        param_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+        layer_bytes = sum(p.numel() * p.element_size() for p in trainer.model.model.layers[0].parameters())
+    # One sync, one probe and one step time per step (the load at sampler start is not timed). Step 1 warms up.
+    sync, probe, step = (statistics.median(x[1:]) for x in (sync_s, probe_s, step_s))
+    print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f}")
+    print(f"param_bytes={param_bytes} sync_peak_extra_bytes={live.peak} layer_bytes={layer_bytes}")
+    print(f"sync_peak_share={live.peak / param_bytes:.4f} layer_share={layer_bytes / param_bytes:.4f}")
+    print(f"sync_share={(sync + probe) / step:.4f}")
+
+
+if __name__ == "__main__":
+    main()

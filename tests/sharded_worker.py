@@ -1,0 +1,185 @@
+"""Two-process worker of ``tests/test_distributed_sharded.py``: the vLLM sampler on an FSDP2-sharded or
+ZeRO-3-partitioned learner, 3 optimizer steps, on CPU with gloo. Not a test module; run under torchrun:
+
+    torchrun --nproc_per_node 2 tests/sharded_worker.py {fsdp2|zero3} {bf16|dynamic|sampler} {bf16|nvfp4} MODEL OUT
+
+The second argument is the learner: ``bf16`` (not converted) or the NVFP4 learner with ``dynamic`` or ``sampler``
+scales (with ``sampler`` the sampler's activation scales are pushed to the learner after every sync, as the trainer
+does); the third the sampler precision.
+
+Why not the trainer: accelerate 1.15 enables FSDP and DeepSpeed only on accelerators (with ``cpu=True`` it drops
+them), so ``TriageGRPOTrainer`` cannot be launched with either on CPU. This worker builds what accelerate's FSDP2
+plugin (``fully_shard`` per decoder layer, then the root) and DeepSpeed ZeRO-3 (``zero.Init`` + ``initialize``)
+build, after the trainer's own steps (load, NVFP4 conversion), and drives the real ``TriageVLLMGeneration`` the way
+TRL does (a sync before each generation). Each rank writes ``OUT_DIR/rank<i>.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+PROMPTS = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
+PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
+ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+
+
+def _full(param) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return param.full_tensor()
+    if hasattr(param, "ds_id"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().clone()
+    return param.detach()
+
+
+def _load_full_weights(reference, model) -> None:
+    """Copy the (gathered) current weights of the sharded ``model`` into the plain ``reference``."""
+    own = dict(reference.named_parameters())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            own[name].copy_(_full(param))
+
+
+def _blocks_whole(model) -> int:
+    """How many decoder blocks have their q_proj weight whole on this rank right now."""
+    from torch.distributed.tensor import DTensor
+
+    whole = 0
+    for layer in model.model.layers:
+        weight = layer.self_attn.q_proj.weight
+        partitioned = hasattr(weight, "ds_shape") and weight.numel() != weight.ds_shape.numel()
+        whole += not (isinstance(weight, DTensor) or partitioned)
+    return whole
+
+
+def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
+    """(model, reference, step): the sharded NVFP4 learner, a plain copy of its starting weights, one optimizer step."""
+    from transformers import AutoModelForCausalLM
+
+    from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
+
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if scales != "bf16":
+        convert_to_nvfp4_learner(reference, native=False, scales=scales)
+    if mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = copy.deepcopy(reference)
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model.model.layers:  # accelerate's TRANSFORMER_BASED_WRAP on Qwen3DecoderLayer, then the root
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        return model, reference, step
+    import deepspeed
+
+    config = copy.deepcopy(reference.config)
+    config.pad_token_id = None  # transformers' init zeroes the padding row, which a partitioned embedding lacks
+    with deepspeed.zero.Init(config_dict_or_path=ZERO3):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = reference.state_dict()
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+            if dist.get_rank() == 0:
+                param.copy_(state[name])
+    if scales != "bf16":
+        convert_to_nvfp4_learner(model, native=False, scales=scales)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ZERO3)
+
+    def step():
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+
+    return model, reference, step
+
+
+def probe_gap(gen, learner, tokenizer) -> float:
+    ids = tokenizer(PROBE)["input_ids"]
+    with torch.no_grad():
+        logits = learner(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    learner_logps = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return float((learner_logps - torch.tensor(gen.score_logps([ids])[0])).abs().mean())
+
+
+def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -> None:
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights, quantized_linear_names
+    from triage_trl.nvfp4.learner import set_sampler_input_scales
+    from triage_trl.runtime import vllm_process_settings
+    from triage_trl.sampler.distributed_export import iter_sampler_weights
+    from triage_trl.sampler.engine import TriageVLLMGeneration
+
+    if mode == "zero3":
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+    accelerator = Accelerator(cpu=True)
+    rank = accelerator.process_index
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    model, reference, step = build(mode, scales, model_dir, torch.tensor([tokenizer(PROBE)["input_ids"]]))
+    facts = {"rank": rank, "world_size": accelerator.num_processes, "mode": mode, "scales": scales,
+             "precision": precision, "gaps": [], "learner_diff": []}
+    with vllm_process_settings(cpu_kv_cache_gib=1):
+        gen = TriageVLLMGeneration(
+            model, accelerator, tokenizer, sampler_precision=precision, calibration_prompts=PROMPTS,
+            checkpoint_dir=os.path.join(out_dir, "sampler_checkpoint"), max_model_length=256, max_num_seqs=4,
+            max_completion_length=8, temperature=1.0,
+        )
+        facts["scales_before_first_sync"] = gen.input_global_scales is not None
+        for i in range(4):
+            if i:
+                step()
+            gen.sync_weights()  # TRL syncs before every generation
+            _load_full_weights(reference, model)
+            if scales == "sampler":  # the trainer's scale push after each sync
+                set_sampler_input_scales(model, gen.input_global_scales)
+                set_sampler_input_scales(reference, gen.input_global_scales)
+            facts["gaps"].append(probe_gap(gen, reference, tokenizer))
+            with torch.no_grad():  # the sharded learner's forward against the plain one on the same weights
+                ids = torch.tensor([tokenizer(PROBE)["input_ids"]])
+                diff = (model(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max()
+            facts["learner_diff"].append(float(diff))
+        scales = gen.input_global_scales
+        facts["input_global_scales"] = {k: float(v) for k, v in (scales or {}).items()}
+        quantized = quantized_linear_names(model) if precision == "nvfp4" else ()
+        whole_blocks = []
+        ours = {}
+        for name, tensor in iter_sampler_weights(model, quantized=quantized, input_global_scales=scales):
+            whole_blocks.append(_blocks_whole(model))
+            ours[name] = tensor.clone()
+        facts["max_whole_blocks"] = max(whole_blocks)
+        facts["blocks"] = len(model.model.layers)
+        plain = dict(iter_nvfp4_checkpoint_weights(reference, scales)) if quantized else reference.state_dict()
+        facts["export_names_equal"] = sorted(ours) == sorted(plain)
+        facts["export_bitwise_equal"] = facts["export_names_equal"] and all(
+            torch.equal(ours[n].view(torch.uint8), plain[n].view(torch.uint8)) for n in plain
+        )
+        facts["structural_files"] = sorted(os.listdir(gen.checkpoint_dir))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])

@@ -1,0 +1,108 @@
+"""Launches the trainer cannot run correctly are refused by ``TriageGRPOConfig``, before any model loads
+(``triage_trl.trainer.distributed``); the node-local sampler folder and per-rank values.
+
+The launch is set up the way ``accelerate launch`` and ``torchrun`` do it: through their environment variables.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from triage_trl.trainer import TriageGRPOConfig
+from triage_trl.trainer.distributed import Launch, launch_of, per_rank, sampler_checkpoint_dir
+
+FSDP1 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}
+FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+ZERO2 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
+ZERO3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+NVFP4_BOTH = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
+
+
+def config(tmp_path, **overrides):
+    kwargs = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                  num_generations=4, report_to="none", save_strategy="no")
+    kwargs.update(overrides)
+    return TriageGRPOConfig(**kwargs)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Set a launcher's environment variables for one test (restored after)."""
+
+    def set_env(variables):
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return set_env
+
+
+@pytest.mark.parametrize(
+    "env, overrides, error, match",
+    [
+        (FSDP2, {}, NotImplementedError, "silently runs plain data parallel.*cpu_ddp.yaml"),
+        (ZERO3, {}, NotImplementedError, "accelerate runs FSDP and DeepSpeed only on accelerators"),
+        (FSDP1, {"use_cpu": False}, NotImplementedError, "fsdp_version: 2"),
+        (ZERO2, {"use_cpu": False, "learner_precision": "nvfp4"}, NotImplementedError,
+         r"\.data\.copy_.*learner_precision='bf16' with deepspeed"),
+        (FSDP2, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "nvfp4_learner_scales='dynamic'"),
+        (ZERO3, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "ZeRO-3 gathers only the running layer"),
+        (FSDP2, {"use_cpu": False, **NVFP4_BOTH, "nvfp4_learner_scales": "dynamic"}, NotImplementedError,
+         "in-place all-gather.*multi_gpu.yaml"),
+        (ZERO3, {"use_cpu": False, "learner_precision": "nvfp4", "nvfp4_learner_scales": "dynamic"},
+         NotImplementedError, "stale weights"),
+        ({"WORLD_SIZE": "2"}, {"use_cpu": False}, RuntimeError, "every process would train its own copy.*use_cpu"),
+    ],
+    ids=["fsdp-on-cpu", "deepspeed-on-cpu", "fsdp1", "deepspeed-nvfp4-learner", "fsdp2-sampler-scales",
+         "zero3-sampler-scales", "fsdp2-nvfp4-learner", "zero3-nvfp4-learner", "processes-that-train-alone"],
+)
+def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launched, env, overrides, error, match):
+    launched(env)
+    with pytest.raises(error, match=match):
+        config(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
+    "env, overrides, kind",
+    [
+        (FSDP2, {"use_cpu": False, "sampler_precision": "nvfp4"}, "fsdp"),
+        ({"WORLD_SIZE": "1"}, {"use_cpu": False, **NVFP4_BOTH}, "single"),
+        (ZERO3, {"use_cpu": False, "sampler_precision": "nvfp4"}, "deepspeed"),
+        (ZERO2, {"use_cpu": False}, "deepspeed"),
+        ({}, NVFP4_BOTH, "single"),
+    ],
+    ids=["fsdp2-bf16-learner", "ddp-launcher-one-process", "zero3-bf16-learner", "zero2-bf16", "single-nvfp4"],
+)
+def test_supported_launches_build_their_config(tmp_path, launched, env, overrides, kind):
+    launched(env)
+    args = config(tmp_path, **overrides)
+    assert launch_of(args).kind == kind
+
+
+def test_launch_is_read_from_accelerate_variables_and_training_arguments(tmp_path, launched):
+    launched({**ZERO3, "WORLD_SIZE": "1"})
+    assert launch_of(config(tmp_path, use_cpu=False)) == Launch("deepspeed", 1, zero_stage=3)
+    assert Launch("deepspeed", 8, zero_stage=3).shards_parameters
+    assert not Launch("deepspeed", 8, zero_stage=2).shards_parameters
+    assert Launch("fsdp", 8, fsdp_version=2).describe() == "fsdp (fsdp_version 2) on 8 process(es)"
+
+
+def test_one_process_reads_its_own_values_and_its_checkpoint_folder(tmp_path):
+    one = SimpleNamespace(num_processes=1, device="cpu")
+    assert per_rank(one, 0.25) == [0.25]
+    args = SimpleNamespace(sampler_checkpoint_dir=None, output_dir=str(tmp_path))
+    assert sampler_checkpoint_dir(args, one) == str(tmp_path / "sampler_checkpoint")
+    args.sampler_checkpoint_dir = "/local/ssd/sampler"
+    assert sampler_checkpoint_dir(args, one) == "/local/ssd/sampler"
+
+
+@pytest.mark.parametrize("hosts, expected", [(["a", "a"], "ckpt"), (["b", "a"], "ckpt/node1")])
+def test_several_nodes_get_one_sampler_folder_each(monkeypatch, hosts, expected):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objs: hosts)
+    monkeypatch.setattr("socket.gethostname", lambda: "b")
+    two = SimpleNamespace(num_processes=2)
+    args = SimpleNamespace(sampler_checkpoint_dir="ckpt", output_dir="out")
+    assert sampler_checkpoint_dir(args, two) == expected
