@@ -41,9 +41,10 @@ def test_emulated_gradients_straight_through():
     layer(x).backward(g)
     x_dq = nvfp4_fake_quantize_reference(x.detach())
     w_dq = nvfp4_fake_quantize_reference(layer.weight.detach())
-    torch.testing.assert_close(x.grad, g @ w_dq, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(layer.weight.grad, g.reshape(-1, 48).t() @ x_dq.reshape(-1, 64), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer.bias.grad, g.sum((0, 1)), rtol=1e-6, atol=1e-6)
+    # the straight-through products, computed by the same ops in the same order: exact
+    assert torch.equal(x.grad, g @ w_dq)
+    assert torch.equal(layer.weight.grad, g.reshape(-1, 48).t() @ x_dq.reshape(-1, 64))
+    assert torch.equal(layer.bias.grad, g.reshape(-1, 48).sum(0))
     assert layer.weight.grad.dtype == torch.float32
 
 
@@ -196,7 +197,7 @@ def test_bf16_gemm_equals_bf16_matmul_of_dequantised_operands():
 def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_model_dir):
     from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
-    from triage_trl.nvfp4.quantize import nvfp4_fake_quantize
+    from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
     model = _load(tiny_model_dir).float()
     convert_to_nvfp4_learner(model, scales="sampler")
@@ -214,10 +215,10 @@ def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_mo
         assert torch.equal(layer.weight_per_tensor_scale().reshape(1), 1.0 / global_scale)
         assert torch.equal(layer.fake_quantized_weight(),
                            nvfp4_fake_quantize_reference(layer.weight.detach(), 1.0 / global_scale))
-    # Activations use the static scale given (a divisor), not their own amax.
+    # Activations use the static scale given (a divisor) with the sampler's (vLLM's) rule, not their own amax.
     q = attn.q_proj
     x = torch.randn(3, q.in_features)
-    expected = F.linear(nvfp4_fake_quantize(x, 1.0 / q.input_global_scale), q.fake_quantized_weight(), q.bias)
+    expected = F.linear(nvfp4_fake_quantize_vllm(x, q.input_global_scale), q.fake_quantized_weight(), q.bias)
     assert torch.equal(q(x), expected)
     assert not torch.equal(q(x), F.linear(nvfp4_fake_quantize(x), q.fake_quantized_weight(), q.bias))
 

@@ -4,6 +4,7 @@ against torchao's ``NVFP4Tensor.to_nvfp4(...).dequantize()``."""
 import pytest
 import torch
 
+from triage_trl.nvfp4 import numerics as nx
 from triage_trl.nvfp4 import quantize as q
 
 
@@ -13,7 +14,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_e2m1_grid_codes_and_packing():
-    grid = torch.tensor(q.E2M1_GRID)
+    grid = torch.tensor(nx.E2M1_GRID)
     x = torch.cat([grid, -grid]).reshape(1, 16)  # amax 6 -> block scale 1 with per-tensor scale 1
     qt = q.nvfp4_quantize(x, torch.tensor(1.0))
     # codes 0..15 in element order, element 2j in the low nibble (compressed-tensors' packing)
@@ -39,7 +40,7 @@ def test_block_and_tensor_scales_by_hand():
     x[0, 0] = 2688.0
     x[0, 16] = 1.0
     x[0, 17] = 0.5
-    assert q.dynamic_per_tensor_scale(x).item() == 1.0
+    assert nx.dynamic_per_tensor_scale(x).item() == 1.0
     qt = q.nvfp4_quantize(x)
     assert qt.per_tensor_scale.item() == 1.0
     assert qt.scale.float().tolist() == [[448.0, 0.171875]]
@@ -60,7 +61,7 @@ def test_given_per_tensor_scale_scales_block_scales():
 
 def test_all_zero_tensor_decodes_to_zero():
     x = torch.zeros(4, 32, dtype=torch.bfloat16)
-    assert q.dynamic_per_tensor_scale(x).item() == 1.0
+    assert nx.dynamic_per_tensor_scale(x).item() == 1.0
     assert torch.equal(q.nvfp4_fake_quantize(x), x)
     assert torch.equal(q.nvfp4_fake_quantize_reference(x), x)
 
@@ -76,7 +77,7 @@ def test_fast_path_bit_exact_vs_torchao(dtype, shape):
     fast = q.nvfp4_fake_quantize(x)
     assert fast.shape == x.shape and fast.dtype == dtype
     assert torch.equal(_bits(fast), _bits(ref))
-    pts = q.dynamic_per_tensor_scale(x) * 1.37
+    pts = nx.dynamic_per_tensor_scale(x) * 1.37
     assert torch.equal(_bits(q.nvfp4_fake_quantize(x, pts)), _bits(q.nvfp4_fake_quantize_reference(x, pts)))
 
 

@@ -41,7 +41,8 @@ from .modules import (
     iter_logical_linears,
     merged_weight,
 )
-from .quantize import BLOCK_SIZE, F4_E2M1_MAX, F8E4M3_MAX, nvfp4_quantize
+from .numerics import BLOCK_SIZE, F4_E2M1_MAX, F8E4M3_MAX, global_scale_from_amax
+from .quantize import nvfp4_quantize
 
 __all__ = [
     "calibrate_input_global_scales",
@@ -63,14 +64,8 @@ def input_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
 
 
 def weight_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """Weight global scale (a divisor): ``448 * 6 / amax`` rounded down to a power of two.
-
-    0-dim float32; 1 if amax=0. The power of two makes every NVFP4 decoder agree bit for bit
-    (see the module docstring).
-    """
-    ideal = input_global_scale_from_amax(amax)
-    _, exponent = torch.frexp(ideal)  # ideal = m * 2**e, m in [0.5, 1)
-    return torch.ldexp(torch.ones_like(ideal), exponent - 1)
+    """Weight global scale (a divisor): ``numerics.global_scale_from_amax``."""
+    return global_scale_from_amax(amax)
 
 
 def _learner_path(module: nn.Module) -> str | None:

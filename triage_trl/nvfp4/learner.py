@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import base_linear, block_index, fused_group, hf_model, is_lora_layer, iter_logical_linears
-from .quantize import BLOCK_SIZE, nvfp4_fake_quantize
+from .numerics import BLOCK_SIZE, global_scale_from_amax
+from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,13 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
     and the weight's dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, weight_dq, bias, input_scale, compute_dtype):
+    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype):
         dtype = compute_dtype or x.dtype
-        x_dq = nvfp4_fake_quantize(x, input_scale).to(dtype)
+        if input_global_scale is None:  # torchao's dynamic recipe
+            x_dq = nvfp4_fake_quantize(x)
+        else:  # the sampler's static scale, quantised as vLLM does
+            x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale)
+        x_dq = x_dq.to(dtype)
         w = weight_dq.to(dtype)
         ctx.save_for_backward(x_dq, w)
         ctx.weight_dtype, ctx.input_dtype = weight.dtype, x.dtype
@@ -131,10 +136,8 @@ class NVFP4EmulatedLinear(nn.Linear):
         ``weight_scale_group``, ``1 / weight_global_scale_from_amax(max amax over the group)``."""
         if self.weight_scale_group is None:
             return None
-        from .export import weight_global_scale_from_amax
-
         amax = torch.stack([w.detach().abs().amax().float() for w in self.weight_scale_group]).amax()
-        return 1.0 / weight_global_scale_from_amax(amax)
+        return 1.0 / global_scale_from_amax(amax)
 
     def fake_quantized_weight(self) -> torch.Tensor:
         """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight (and scale group) version."""
@@ -146,9 +149,8 @@ class NVFP4EmulatedLinear(nn.Linear):
         return self._weight_dq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        input_scale = None if self.input_global_scale is None else 1.0 / self.input_global_scale
         return _EmulatedW4A4Matmul.apply(
-            x, self.weight, self.fake_quantized_weight(), self.bias, input_scale, self.compute_dtype
+            x, self.weight, self.fake_quantized_weight(), self.bias, self.input_global_scale, self.compute_dtype
         )
 
     def extra_repr(self) -> str:
