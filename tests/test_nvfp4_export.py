@@ -12,8 +12,8 @@ from triage_trl.nvfp4.export import (
     iter_nvfp4_checkpoint_weights,
     quantized_linear_names,
     save_nvfp4_checkpoint,
-    weight_global_scale_from_amax,
 )
+from triage_trl.nvfp4.numerics import global_scale_from_amax
 from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
 
@@ -44,10 +44,10 @@ def _decompress(sd, prefix):
 
 def test_weight_global_scale_is_power_of_two_below_ideal():
     for amax in (0.013, 0.5, 1.0, 3.7, 2688.0, 1e4):
-        g = weight_global_scale_from_amax(torch.tensor(amax)).item()
+        g = global_scale_from_amax(torch.tensor(amax)).item()
         assert g <= 2688.0 / amax < 2 * g
         assert torch.frexp(torch.tensor(g)).mantissa.item() == 0.5
-    assert weight_global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
+    assert global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
 
 
 def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
@@ -149,3 +149,12 @@ def test_saved_checkpoint_folder(tiny_dir, tmp_path):
     w = parsed.config_groups["group_0"].weights
     assert (w.num_bits, w.group_size, w.type) == (4, 16, "float")
     assert config["model_type"] == "qwen3"
+
+
+def test_nan_weight_raises_naming_the_layer(tiny_dir):
+    model, tok = _load(tiny_dir)
+    scales = calibrate_input_global_scales(model, tok, PROMPTS)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj holds NaN or inf"):
+        dict(iter_nvfp4_checkpoint_weights(model, scales))

@@ -232,3 +232,13 @@ def test_set_sampler_input_scales_names_a_missing_layer(tiny_model_dir):
         set_sampler_input_scales(model, {})
     with pytest.raises(ValueError, match="scales must be one of"):
         convert_to_nvfp4_learner(_load(tiny_model_dir), scales="static")
+
+
+def test_nan_weight_raises_naming_the_layer(tiny_model_dir):
+    for scales in ("dynamic", "sampler"):
+        model = _load(tiny_model_dir)
+        convert_to_nvfp4_learner(model, scales=scales)
+        with torch.no_grad():
+            model.model.layers[2].self_attn.k_proj.weight[0, 0] = float("inf")
+        with pytest.raises(ValueError, match=r"model\.layers\.2\.self_attn\.(q|k)_proj.*NaN or inf"):
+            model(input_ids=torch.arange(1, 9).reshape(1, 8))

@@ -11,12 +11,10 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
 * ``<p>.bias`` when present. Every other parameter (embeddings, norms, ``lm_head``) is exported
   unchanged. vLLM fuses q/k/v and gate/up, so those share both global scales (max amax).
 
-Weight global scale: we round ``448 * 6 / amax(W)`` *down to a power of two*. Then
-``1 / global`` is exact, so vLLM (``e2m1 * (scale * (1/global))``), compressed-tensors
-(``e2m1 * (scale / global)``) and torchao (``e2m1 * (per_tensor_scale * scale)`` with
-``per_tensor_scale = 1/global``) decode bit-identical weights; block scales still reach
-(224, 448] for the largest block, so E4M3 precision is unchanged. The codes and block scales are
-torchao's ``NVFP4Tensor.to_nvfp4`` output.
+Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``448 * 6 / amax`` rounded down to a
+power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
+The codes and block scales are torchao's quantisation (``numerics.quantize_torchao``, bit-identical to
+``NVFP4Tensor.to_nvfp4``), packed with torchao's helpers (``numerics.encode_e2m1``).
 
 Master weights are read from the model as it is: a plain transformers model, one converted by
 ``convert_to_nvfp4_learner`` (its high-precision master weights, not the fake-quantised copy),
@@ -41,8 +39,7 @@ from .modules import (
     iter_logical_linears,
     merged_weight,
 )
-from .numerics import BLOCK_SIZE, F4_E2M1_MAX, F8E4M3_MAX, global_scale_from_amax
-from .quantize import nvfp4_quantize
+from .numerics import BLOCK_SIZE, FP4_RANGE, check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
 
 __all__ = [
     "calibrate_input_global_scales",
@@ -51,21 +48,12 @@ __all__ = [
     "nvfp4_quantization_config",
     "quantized_linear_names",
     "save_nvfp4_checkpoint",
-    "weight_global_scale_from_amax",
 ]
-
-_FP4_RANGE = F8E4M3_MAX * F4_E2M1_MAX  # 2688
-
 
 def input_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """vLLM's activation global scale (a divisor): ``448 * 6 / amax``, 0-dim float32; 1 if amax=0."""
     amax = amax.detach().float().reshape(())
-    return torch.where(amax > 0, _FP4_RANGE / amax, torch.ones_like(amax))
-
-
-def weight_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """Weight global scale (a divisor): ``numerics.global_scale_from_amax``."""
-    return global_scale_from_amax(amax)
+    return torch.where(amax > 0, FP4_RANGE / amax, torch.ones_like(amax))
 
 
 def _learner_path(module: nn.Module) -> str | None:
@@ -215,6 +203,7 @@ def iter_nvfp4_checkpoint_weights(
     for name in quantized:
         g = fused_group(name)
         a = weights[name].abs().amax().float().cpu()
+        check_finite(a, f"The weight of {name}")
         s = input_global_scales[name].detach().float().reshape(()).cpu()
         group_w_amax[g] = torch.maximum(group_w_amax[g], a) if g in group_w_amax else a
         group_in_scale[g] = torch.minimum(group_in_scale[g], s) if g in group_in_scale else s
@@ -253,10 +242,10 @@ def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale
             yield f"{name}.weight", weight
     else:
         g = fused_group(name)
-        global_scale = weight_global_scale_from_amax(group_w_amax[g])
-        qt = nvfp4_quantize(weight, per_tensor_scale=(1.0 / global_scale).to(weight.device))
-        yield f"{name}.weight_packed", qt.qdata.view(torch.uint8)
-        yield f"{name}.weight_scale", qt.scale.view(torch.float8_e4m3fn)
+        global_scale = global_scale_from_amax(group_w_amax[g])
+        q, block_scale = quantize_torchao(weight, (1.0 / global_scale).to(weight.device))
+        yield f"{name}.weight_packed", encode_e2m1(q.reshape(weight.shape))
+        yield f"{name}.weight_scale", block_scale.to(torch.float8_e4m3fn)
         yield f"{name}.weight_global_scale", global_scale.reshape(1)
         yield f"{name}.input_global_scale", group_in_scale[g].reshape(1)
     if bias is not None:

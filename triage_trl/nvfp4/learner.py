@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import base_linear, block_index, fused_group, hf_model, is_lora_layer, iter_logical_linears
-from .numerics import BLOCK_SIZE, global_scale_from_amax
+from .numerics import BLOCK_SIZE, check_finite, global_scale_from_amax, per_tensor_scale_from_amax
 from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
 logger = logging.getLogger(__name__)
@@ -52,12 +52,12 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
     and the weight's dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype):
+    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled):
         dtype = compute_dtype or x.dtype
         if input_global_scale is None:  # torchao's dynamic recipe
-            x_dq = nvfp4_fake_quantize(x)
+            x_dq = nvfp4_fake_quantize(x, compiled=compiled)
         else:  # the sampler's static scale, quantised as vLLM does
-            x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale)
+            x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale, compiled=compiled)
         x_dq = x_dq.to(dtype)
         w = weight_dq.to(dtype)
         ctx.save_for_backward(x_dq, w)
@@ -78,7 +78,7 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
                 grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(ctx.weight_dtype)
             if ctx.needs_input_grad[3]:
                 grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
-        return grad_x, grad_w, None, grad_b, None, None
+        return grad_x, grad_w, None, grad_b, None, None, None
 
 
 class NVFP4EmulatedLinear(nn.Linear):
@@ -117,26 +117,40 @@ class NVFP4EmulatedLinear(nn.Linear):
     nvfp4_learner_path = "emulated"
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, compute_dtype: torch.dtype | None = None) -> NVFP4EmulatedLinear:
-        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied)."""
+    def from_linear(
+        cls, linear: nn.Linear, *, name: str = "", compute_dtype: torch.dtype | None = None, compiled: bool = True
+    ) -> NVFP4EmulatedLinear:
+        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied). ``name`` (the Hugging Face
+        module name) is used in errors; ``compiled`` chooses the compiled fake-quantiser (``nvfp4_fake_quantize``)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.bias = linear.bias
+        new.nvfp4_name = name
         new.compute_dtype = compute_dtype
+        new.compiled = compiled
         new.weight_scale_group = None
         new.input_global_scale = None
         new._weight_cache_key = None
         new._weight_dq = None
         return new
 
-    def weight_per_tensor_scale(self) -> torch.Tensor | None:
-        """The weight's per-tensor scale (a multiplier): ``None`` = dynamic ``amax / 2688``; with a
-        ``weight_scale_group``, ``1 / weight_global_scale_from_amax(max amax over the group)``."""
+    def _weight_amax(self, weight: torch.Tensor) -> torch.Tensor:
+        amax = weight.detach().abs().amax().float()
+        check_finite(amax, f"The weight of NVFP4 learner layer {self.nvfp4_name or self} (or of its fused group)")
+        return amax
+
+    def weight_per_tensor_scale(self) -> torch.Tensor:
+        """The weight's per-tensor scale (a multiplier), 0-dim float32: torchao's dynamic ``amax / 2688``; with a
+        ``weight_scale_group``, ``1 / global_scale_from_amax(max amax over the group)`` (the export's).
+
+        Raises:
+            ValueError: the weight (or a fused sibling's) holds NaN or inf; the message names the layer.
+        """
         if self.weight_scale_group is None:
-            return None
-        amax = torch.stack([w.detach().abs().amax().float() for w in self.weight_scale_group]).amax()
+            return per_tensor_scale_from_amax(self._weight_amax(self.weight))
+        amax = torch.stack([self._weight_amax(w) for w in self.weight_scale_group]).amax()
         return 1.0 / global_scale_from_amax(amax)
 
     def fake_quantized_weight(self) -> torch.Tensor:
@@ -144,13 +158,16 @@ class NVFP4EmulatedLinear(nn.Linear):
         group = self.weight_scale_group or (self.weight,)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in group)  # has self.weight
         if self._weight_dq is None or self._weight_cache_key != key:
-            self._weight_dq = nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale())
+            self._weight_dq = nvfp4_fake_quantize(
+                self.weight.detach(), self.weight_per_tensor_scale(), compiled=self.compiled
+            )
             self._weight_cache_key = key
         return self._weight_dq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _EmulatedW4A4Matmul.apply(
-            x, self.weight, self.fake_quantized_weight(), self.bias, self.input_global_scale, self.compute_dtype
+            x, self.weight, self.fake_quantized_weight(), self.bias, self.input_global_scale, self.compute_dtype,
+            self.compiled,
         )
 
     def extra_repr(self) -> str:
@@ -264,6 +281,7 @@ def convert_to_nvfp4_learner(
     native: bool | str = "auto",
     scales: str = "dynamic",
     compute_dtype: torch.dtype | None = None,
+    compiled: bool = True,
 ) -> NVFP4ConversionReport:
     """Put NVFP4 W4A4 linears into a transformers model's decoder blocks, in place.
 
@@ -281,6 +299,7 @@ def convert_to_nvfp4_learner(
             scales shared within vLLM-fused groups, static activation scales from
             ``set_sampler_input_scales``); see ``NVFP4EmulatedLinear``. Native layers use torchao's.
         compute_dtype: GEMM dtype of the emulated layers (``None``: the input's dtype).
+        compiled: run the emulated layers' fake-quantisers compiled (``torch.compile``) or eagerly (same bits).
 
     Returns:
         ``NVFP4ConversionReport`` with each linear's path and reason.
@@ -340,7 +359,8 @@ def convert_to_nvfp4_learner(
             why = native_why if not native_ok else f"in/out not multiples of {NATIVE_MULTIPLE} for torchao"
             report.layers[name] = LayerDecision("emulated", why)
             parent, attr = _owner_of_base(root, name, module)
-            setattr(parent, attr, NVFP4EmulatedLinear.from_linear(lin, compute_dtype=compute_dtype))
+            setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
+                lin, name=name, compute_dtype=compute_dtype, compiled=compiled))
     if misaligned:
         logger.warning(
             "NVFP4 learner: %d linear layer(s) have dimensions that are not multiples of %d and stay "

@@ -44,7 +44,9 @@ __all__ = [
     "FP4_RANGE",
     "check_finite",
     "dynamic_per_tensor_scale",
+    "encode_e2m1",
     "global_scale_from_amax",
+    "per_tensor_scale_from_amax",
     "quant_dequant_torchao",
     "quant_dequant_vllm",
     "quantize_torchao",
@@ -102,11 +104,16 @@ def check_finite(amax: torch.Tensor, what: str) -> None:
         )
 
 
-def dynamic_per_tensor_scale(x: torch.Tensor) -> torch.Tensor:
-    """torchao's per-tensor scale (a multiplier) from ``x``'s absolute maximum: ``amax / 2688``
-    (``per_tensor_amax_to_scale``), 0-dim float32; 1.0 for an all-zero ``x`` (every block decodes to 0)."""
-    scale = per_tensor_amax_to_scale(x.detach().abs().amax())
+def per_tensor_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """torchao's per-tensor scale (a multiplier) of a tensor with absolute maximum ``amax``: ``amax / 2688``
+    (``per_tensor_amax_to_scale``), 0-dim float32; 1.0 when amax is 0 (every block decodes to 0)."""
+    scale = per_tensor_amax_to_scale(amax.reshape(()))
     return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def dynamic_per_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """``per_tensor_scale_from_amax(amax(|x|))``: torchao's dynamic recipe."""
+    return per_tensor_scale_from_amax(x.detach().abs().amax())
 
 
 def global_scale_from_amax(amax: torch.Tensor, what: str = "tensor") -> torch.Tensor:
@@ -177,6 +184,15 @@ def quant_dequant_torchao(
 def quant_dequant_torchao_dynamic(x: torch.Tensor, four_over_six: bool = False) -> torch.Tensor:
     """``quant_dequant_torchao`` with torchao's dynamic per-tensor scale (``dynamic_per_tensor_scale(x)``)."""
     return quant_dequant_torchao(x, dynamic_per_tensor_scale(x), four_over_six)
+
+
+def encode_e2m1(q: torch.Tensor) -> torch.Tensor:
+    """Pack E2M1 values ``q`` [..., K] (on the signed ``E2M1_GRID``, as ``quantize_torchao`` returns) into
+    compressed-tensors' / torchao's byte layout: uint8 [..., K/2], element 2j in the low nibble, sign in bit 3
+    (torchao ``f32_to_f4_unpacked`` and ``pack_uint4``)."""
+    from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
+
+    return pack_uint4(f32_to_f4_unpacked(q.float().contiguous()))
 
 
 def _reciprocal(x: torch.Tensor) -> torch.Tensor:
