@@ -7,12 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from triage_trl.nvfp4.export import (
-    calibrate_input_global_scales,
-    iter_nvfp4_checkpoint_weights,
-    quantized_linear_names,
-    save_nvfp4_checkpoint,
-)
+from triage_trl.nvfp4.config import NVFP4Config
+from triage_trl.nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, save_nvfp4_checkpoint
 from triage_trl.nvfp4.numerics import global_scale_from_amax
 from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
@@ -99,9 +95,8 @@ def test_export_of_converted_learner_reads_master_weights(tiny_dir):
 
 def test_export_follows_learner_selection(tiny_dir):
     model, tok = _load(tiny_dir)
-    convert_to_nvfp4_learner(model, keep_last_blocks=1)
-    names = quantized_linear_names(model)
-    assert names == [f"model.layers.0.{m}" for m in LINEARS]
+    selection = convert_to_nvfp4_learner(model, NVFP4Config(nvfp4_keep_last_blocks=1))
+    assert selection.nvfp4_layers == tuple(f"model.layers.0.{m}" for m in LINEARS)
     sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
     assert "model.layers.1.self_attn.q_proj.weight" in sd and "model.layers.1.self_attn.q_proj.weight_packed" not in sd
 
@@ -127,12 +122,10 @@ def test_export_of_peft_model_merges_lora(tiny_dir):
     assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
 
 
-def test_missing_scales_and_split_fused_group_raise(tiny_dir):
+def test_missing_scales_raise(tiny_dir):
     model, tok = _load(tiny_dir)
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):
         next(iter_nvfp4_checkpoint_weights(model, {}))
-    with pytest.raises(ValueError, match="q/k/v"):
-        quantized_linear_names(model, ignore=("k_proj",))
 
 
 def test_saved_checkpoint_folder(tiny_dir, tmp_path):

@@ -8,8 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triage_trl.nvfp4.learner import NVFP4EmulatedLinear, convert_to_nvfp4_learner, native_nvfp4_available
+from triage_trl.nvfp4.config import NVFP4Config
+from triage_trl.nvfp4.learner import (
+    NVFP4EmulatedLinear,
+    convert_to_nvfp4_learner,
+    learner_execution_summary,
+    native_nvfp4_available,
+)
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
+
+SAMPLER_SCALES = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_emulation_dtype="fp32")
 
 
 def _layer(in_f=64, out_f=48, bias=True, dtype=torch.bfloat16, seed=0):
@@ -84,17 +92,20 @@ def _load(path):
 def test_convert_selects_decoder_linears_only(tiny_model_dir):
     model = _load(tiny_model_dir)
     weight_ids = {n: id(p) for n, p in model.named_parameters()}
-    report = convert_to_nvfp4_learner(model, keep_first_blocks=1, keep_last_blocks=1, exclude_patterns=("down_proj",))
-    assert report.summary() == {"nvfp4/native": 0, "nvfp4/emulated": 6, "nvfp4/kept_bf16": 7 * 2 + 1 + 1}
-    assert report.names("emulated") == [
+    config = NVFP4Config(nvfp4_keep_first_blocks=1, nvfp4_keep_last_blocks=1, nvfp4_exclude_patterns=["down_proj"])
+    selection = convert_to_nvfp4_learner(model, config)
+    assert selection.summary() == {"nvfp4/layers_nvfp4": 6, "nvfp4/layers_bf16": 7 * 2 + 1 + 1}
+    assert learner_execution_summary(model) == {"nvfp4/native": 0, "nvfp4/emulated": 6, "nvfp4/kept_bf16": 16}
+    assert selection.nvfp4_layers == tuple(
         f"model.layers.1.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")
-    ]
-    assert report.layers["lm_head"].path == "kept-bf16"
-    assert report.layers["model.layers.1.mlp.down_proj"].reason == "matches exclude_patterns"
+    )
+    assert selection.choice("lm_head").reason == "outside the decoder blocks"
+    assert selection.choice("model.layers.1.mlp.down_proj").reason == "matches nvfp4_exclude_patterns 'down_proj'"
     assert type(model.lm_head) is nn.Linear and type(model.model.layers[0].mlp.up_proj) is nn.Linear
     assert isinstance(model.model.layers[1].mlp.up_proj, NVFP4EmulatedLinear)
     assert {n: id(p) for n, p in model.named_parameters()} == weight_ids  # master weights shared
-    assert "nvfp4/emulated=6" in str(report)
+    assert str(selection).startswith("NVFP4 layers (nvfp4_recipe='all', nvfp4_keep_first_blocks=1,")
+    assert "6 NVFP4, 16 bf16" in str(selection)
 
 
 def test_convert_keeps_misaligned_layers_with_one_warning(caplog):
@@ -111,11 +122,12 @@ def test_convert_keeps_misaligned_layers_with_one_warning(caplog):
             self.layers = nn.ModuleList([Block()])
 
     model = Tiny()
-    with caplog.at_level(logging.WARNING, logger="triage_trl.nvfp4.learner"):
-        report = convert_to_nvfp4_learner(model)
+    with caplog.at_level(logging.WARNING, logger="triage_trl.nvfp4.selection"):
+        selection = convert_to_nvfp4_learner(model)
     assert [r for r in caplog.records if "not multiples of 16" in r.getMessage()].__len__() == 1
-    assert report.layers["layers.0.a"].path == "kept-bf16" and report.layers["layers.0.b"].path == "kept-bf16"
-    assert report.layers["layers.0.c"].path == "emulated"
+    assert selection.choice("layers.0.a").reason == "32x24 not multiples of 16"
+    assert not selection.is_nvfp4("layers.0.b") and selection.is_nvfp4("layers.0.c")
+    assert type(model.layers[0].a) is nn.Linear and isinstance(model.layers[0].c, NVFP4EmulatedLinear)
 
 
 @pytest.mark.skipif(native_nvfp4_available()[0], reason="this machine has an sm100 GPU; the error is for machines without")
@@ -167,8 +179,7 @@ def test_convert_under_existing_peft_wrapper(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(_load(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"]))
-    report = convert_to_nvfp4_learner(peft_model)
-    assert report.layers["model.layers.0.self_attn.q_proj"].path == "emulated"
+    assert convert_to_nvfp4_learner(peft_model).is_nvfp4("model.layers.0.self_attn.q_proj")
     q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj.base_layer, NVFP4EmulatedLinear)
     ids = torch.arange(2, 14).reshape(1, 12)
@@ -200,7 +211,7 @@ def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_mo
     from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
     model = _load(tiny_model_dir).float()
-    convert_to_nvfp4_learner(model, scales="sampler")
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
     attn = model.model.layers[1].self_attn
     scales = {name: torch.tensor(100.0 + i) for i, (name, m) in enumerate(model.named_modules())
               if isinstance(m, NVFP4EmulatedLinear)}
@@ -227,17 +238,17 @@ def test_set_sampler_input_scales_names_a_missing_layer(tiny_model_dir):
     from triage_trl.nvfp4.learner import set_sampler_input_scales
 
     model = _load(tiny_model_dir)
-    convert_to_nvfp4_learner(model, scales="sampler")
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):
         set_sampler_input_scales(model, {})
-    with pytest.raises(ValueError, match="scales must be one of"):
-        convert_to_nvfp4_learner(_load(tiny_model_dir), scales="static")
+    with pytest.raises(ValueError, match="nvfp4_learner_scales='static' is invalid"):
+        convert_to_nvfp4_learner(_load(tiny_model_dir), NVFP4Config(nvfp4_learner_scales="static"))
 
 
 def test_nan_weight_raises_naming_the_layer(tiny_model_dir):
-    for scales in ("dynamic", "sampler"):
+    for config in (None, SAMPLER_SCALES):
         model = _load(tiny_model_dir)
-        convert_to_nvfp4_learner(model, scales=scales)
+        convert_to_nvfp4_learner(model, config)
         with torch.no_grad():
             model.model.layers[2].self_attn.k_proj.weight[0, 0] = float("inf")
         with pytest.raises(ValueError, match=r"model\.layers\.2\.self_attn\.(q|k)_proj.*NaN or inf"):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from nvfp4_bounds import gemm_rounding_bound
+from triage_trl.nvfp4.config import NVFP4Config
 from triage_trl.nvfp4.learner import NVFP4EmulatedLinear, convert_to_nvfp4_learner, set_sampler_input_scales
 
 pytest.importorskip("vllm", reason="vLLM is not installed (e.g. the CUDA check machine)")
@@ -38,7 +39,7 @@ def _checkpoint_scale_learner(hf_dir, ckpt_dir):
 
     sd = load_file(ckpt_dir / "model.safetensors")
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
-    convert_to_nvfp4_learner(model, scales="sampler")
+    convert_to_nvfp4_learner(model, NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4"))
     scales = {k.removesuffix(".input_global_scale"): v[0] for k, v in sd.items() if k.endswith(".input_global_scale")}
     assert set_sampler_input_scales(model, scales) == 14
     return model, sd

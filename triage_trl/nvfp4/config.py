@@ -7,8 +7,11 @@ engines cannot be configured apart. What each setting means numerically is in ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+from .recipes import RECIPES, Recipe
 
 Precision = Literal["bf16", "nvfp4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -36,6 +39,14 @@ class NVFP4Config:
         metadata={
             "help": "Colocated vLLM sampler precision: `bf16`, or `nvfp4` (served from a compressed-tensors NVFP4 "
             "checkpoint, re-quantised from the learner after every optimizer step)."
+        },
+    )
+    nvfp4_recipe: Recipe = field(
+        default="all",
+        metadata={
+            "help": "Which decoder linear layers stay in bf16 in NVFP4 runs (learner and sampler), as a named preset: "
+            "`all` (every decoder linear in NVFP4). The keep/exclude settings below apply on top. See "
+            "docs/nvfp4.md."
         },
     )
     nvfp4_keep_first_blocks: int = field(
@@ -98,9 +109,11 @@ class NVFP4Config:
         """
         for name in ("learner_precision", "sampler_precision"):
             _choice(name, getattr(self, name), PRECISIONS)
+        _choice("nvfp4_recipe", self.nvfp4_recipe, RECIPES)
         for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
             _integer_at_least(name, getattr(self, name), 0)
         _integer_at_least("nvfp4_calibration_prompts", self.nvfp4_calibration_prompts, 1)
+        _regexes("nvfp4_exclude_patterns", self.nvfp4_exclude_patterns)
         if self.nvfp4_learner_scales is not None:
             _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
         _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
@@ -138,3 +151,15 @@ def _choice(name, value, allowed) -> None:
 def _integer_at_least(name, value, lo) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")
+
+
+def _regexes(name, patterns) -> None:
+    if patterns is None:
+        return
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(f"{name}={patterns!r} is invalid: give a list of regular expressions (strings).")
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as err:
+            raise ValueError(f"{name}: {p!r} is not a valid regular expression ({err}).") from None

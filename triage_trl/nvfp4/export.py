@@ -24,29 +24,21 @@ or a ``peft`` model (base weight plus active LoRA deltas, merged in float32).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .modules import (
-    base_linear,
-    block_index,
-    fused_group,
-    hf_model,
-    iter_logical_linears,
-    merged_weight,
-)
-from .numerics import BLOCK_SIZE, FP4_RANGE, check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
+from .numerics import FP4_RANGE, check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .selection import NVFP4LayerSelection, nvfp4_layer_selection
 
 __all__ = [
     "calibrate_input_global_scales",
     "input_global_scale_from_amax",
     "iter_nvfp4_checkpoint_weights",
     "nvfp4_quantization_config",
-    "quantized_linear_names",
     "save_nvfp4_checkpoint",
 ]
 
@@ -56,51 +48,16 @@ def input_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, FP4_RANGE / amax, torch.ones_like(amax))
 
 
-def _learner_path(module: nn.Module) -> str | None:
-    return getattr(base_linear(module), "nvfp4_learner_path", None)
-
-
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(re.search(p, name) for p in patterns)
-
-
-def quantized_linear_names(model: nn.Module, *, ignore: Sequence[str] = ("lm_head",)) -> list[str]:
-    """Hugging Face names of the linears the NVFP4 checkpoint quantises.
-
-    If ``model`` went through ``convert_to_nvfp4_learner``, exactly the layers the learner runs in
-    NVFP4 (so sampler and learner agree); otherwise every decoder-block linear whose in/out
-    features are multiples of 16. Names matching a regex in ``ignore`` are never quantised, nor are
-    embeddings or layers outside the decoder blocks.
-
-    Raises:
-        ValueError: a vLLM-fused group (q/k/v, gate/up) would be partly quantised.
-    """
-    linears = list(iter_logical_linears(model))
-    converted = any(_learner_path(m) in ("native", "emulated") for _, m in linears)
-    chosen = []
-    for name, module in linears:
-        lin = base_linear(module)
-        if converted:
-            ok = _learner_path(module) in ("native", "emulated")
-        else:
-            ok = (
-                block_index(name) is not None
-                and lin.in_features % BLOCK_SIZE == 0
-                and lin.out_features % BLOCK_SIZE == 0
-            )
-        if ok and not _matches(name, ignore):
-            chosen.append(name)
-    groups: dict[str, set[bool]] = {}
-    chosen_set = set(chosen)
-    for name, _ in linears:
-        groups.setdefault(fused_group(name), set()).add(name in chosen_set)
-    mixed = sorted(g for g, states in groups.items() if len(states) > 1)
-    if mixed:
+def _selection(model: nn.Module, selection: NVFP4LayerSelection | None) -> NVFP4LayerSelection:
+    """``selection``, or the model's own (``nvfp4_layer_selection``); refuses one that differs from the model's."""
+    own = nvfp4_layer_selection(model) if selection is None else selection
+    stored = hf_model(model).__dict__.get("nvfp4_layer_selection")
+    if stored is not None and own != stored:
         raise ValueError(
-            f"vLLM fuses these projections but only some of them would be NVFP4: {mixed}. Quantise or "
-            "exclude q/k/v (and gate/up) together (convert_to_nvfp4_learner exclude_patterns / ignore)."
+            "The NVFP4 selection given differs from the one this model was converted with; the sampler would "
+            "quantise other layers than the learner. Pass selection=None to use the model's own."
         )
-    return chosen
+    return own
 
 
 @torch.no_grad()
@@ -109,11 +66,12 @@ def calibrate_input_global_scales(
     tokenizer,
     prompts: Sequence[str],
     *,
+    selection: NVFP4LayerSelection | None = None,
     max_length: int = 256,
 ) -> dict[str, torch.Tensor]:
-    """Activation global scales for every decoder linear, from one forward pass per prompt.
+    """Activation global scales for every NVFP4 layer, from one forward pass per prompt.
 
-    Forward hooks record ``amax(|x|)`` of each decoder-block linear's input over all prompts
+    Forward hooks record ``amax(|x|)`` of each NVFP4 layer's input (``selection``: the model's own by default) over all prompts
     (each truncated to ``max_length`` tokens, no padding); vLLM-fused siblings (q/k/v, gate/up)
     then take their group's maximum.
 
@@ -137,8 +95,9 @@ def calibrate_input_global_scales(
 
         return hook
 
+    selection = _selection(model, selection)
     for name, module in iter_logical_linears(model):
-        if block_index(name) is not None:
+        if selection.is_nvfp4(name):
             handles.append(module.register_forward_pre_hook(make_hook(name)))
     device = next(model.parameters()).device
     was_training = model.training
@@ -163,7 +122,7 @@ def iter_nvfp4_checkpoint_weights(
     model: nn.Module,
     input_global_scales: dict[str, torch.Tensor],
     *,
-    ignore: Sequence[str] = ("lm_head",),
+    selection: NVFP4LayerSelection | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checkpoint-format ``(name, tensor)`` pairs of ``model`` as an NVFP4 compressed-tensors model.
 
@@ -177,20 +136,21 @@ def iter_nvfp4_checkpoint_weights(
             wrapped by ``peft``.
         input_global_scales: ``{hf_linear_name: scalar}`` from ``calibrate_input_global_scales``;
             fused siblings are reduced to their group's smallest scale (largest amax).
-        ignore: regexes of linear names to keep in high precision (``quantized_linear_names``).
+        selection: the NVFP4 layers (``triage_trl.nvfp4.selection``); ``None`` = the model's own, the one its
+            learner conversion used.
 
     Yields:
-        Non-quantised tensors as stored (detached, not copied); for each quantised linear
+        Non-quantised tensors as stored (detached, not copied); for each NVFP4 linear
         ``weight_packed`` uint8 [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16],
         ``weight_global_scale`` and ``input_global_scale`` float32 [1], and ``bias`` if any.
 
     Raises:
-        KeyError: a quantised linear has no input global scale (calibrate first).
-        ValueError: see ``quantized_linear_names``.
+        KeyError: an NVFP4 linear has no input global scale (calibrate first).
+        ValueError: a weight holds NaN or inf (naming the layer); ``selection`` differs from the model's own.
     """
     root = hf_model(model)
     linears = dict(iter_logical_linears(model))
-    quantized = quantized_linear_names(model, ignore=ignore)
+    quantized = _selection(model, selection).nvfp4_layers
     missing = [n for n in quantized if n not in input_global_scales]
     if missing:
         raise KeyError(
@@ -252,20 +212,18 @@ def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale
         yield f"{name}.bias", bias.detach()
 
 
-def nvfp4_quantization_config(model: nn.Module, *, ignore: Sequence[str] = ("lm_head",)):
-    """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4``
-    targeting ``Linear``, format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing
-    every linear left in high precision by its full Hugging Face name."""
+def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelection | None = None):
+    """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4`` targeting ``Linear``,
+    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every linear the selection keeps
+    in bf16 (``selection.kept_layers``) by its full Hugging Face name."""
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
 
-    quantized = set(quantized_linear_names(model, ignore=ignore))
-    kept = [name for name, _ in iter_logical_linears(model) if name not in quantized]
     return QuantizationConfig(
         config_groups={"group_0": preset_name_to_scheme("NVFP4", ["Linear"])},
         format=CompressionFormat.nvfp4_pack_quantized.value,
         quantization_status=QuantizationStatus.COMPRESSED,
-        ignore=kept,
+        ignore=list(_selection(model, selection).kept_layers),
     )
 
 
@@ -275,7 +233,7 @@ def save_nvfp4_checkpoint(
     out_dir: str | Path,
     input_global_scales: dict[str, torch.Tensor],
     *,
-    ignore: Sequence[str] = ("lm_head",),
+    selection: NVFP4LayerSelection | None = None,
 ) -> Path:
     """Write ``model`` as an NVFP4 compressed-tensors checkpoint folder that ``vllm.LLM`` loads.
 
@@ -286,16 +244,18 @@ def save_nvfp4_checkpoint(
     from compressed_tensors.compressors import ModelCompressor
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    selection = _selection(model, selection)
     tensors = {
         name: t.detach().to("cpu").contiguous().clone()
-        for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, ignore=ignore)
+        for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, selection=selection)
     }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = hf_model(model).config
     config.save_pretrained(out_dir)
-    ModelCompressor(quantization_config=nvfp4_quantization_config(model, ignore=ignore)).update_config(str(out_dir))
+    quantization_config = nvfp4_quantization_config(model, selection=selection)
+    ModelCompressor(quantization_config=quantization_config).update_config(str(out_dir))
     json.loads((out_dir / "config.json").read_text())  # fail here, not in vLLM, on a bad file
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)

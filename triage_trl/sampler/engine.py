@@ -83,6 +83,8 @@ class TriageVLLMGeneration(VLLMGeneration):
 
         sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
             rank term only, so every run would sample alike; the trainer passes ``args.seed``).
+        nvfp4_config: the NVFP4 settings (``NVFP4Config``; the trainer passes its args): the NVFP4 layer selection
+            the export uses (``triage_trl.nvfp4.selection``; the learner's own when it was converted).
 
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
@@ -107,6 +109,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         llm_kwargs: dict | None = None,
         recalibrate_every_sync: bool = False,
         sampler_seed: int = 0,
+        nvfp4_config=None,
         **kwargs,
     ):
         if sampler_precision not in SAMPLER_PRECISIONS:
@@ -119,6 +122,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.llm_kwargs = dict(llm_kwargs or {})
         self.recalibrate_every_sync = recalibrate_every_sync
         self.sampler_seed = sampler_seed
+        self.nvfp4_config = nvfp4_config
         self.kernel_report: dict[str, str] = {}
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
@@ -215,8 +219,10 @@ class TriageVLLMGeneration(VLLMGeneration):
         out = self.checkpoint_dir
         if self.sampler_precision == "nvfp4":
             from ..nvfp4.export import save_nvfp4_checkpoint
+            from ..nvfp4.selection import nvfp4_layer_selection
 
             model = self._unwrapped_for_export()
+            self.nvfp4_selection = nvfp4_layer_selection(model, self.nvfp4_config)  # stored on the model: once
             self.input_global_scales = self._calibrate(model)
             with self._gathered():
                 if write:

@@ -138,8 +138,10 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.triage_history: list[dict[str, float]] = []
         if self.nvfp4_learner_report is not None:
             logger.info("NVFP4 learner layers: %s", self.nvfp4_learner_report)
-            summary = getattr(self.nvfp4_learner_report, "summary", None)
-            for name, count in (summary() if callable(summary) else {}).items():  # in the first logged step
+            from ..nvfp4.learner import learner_execution_summary
+
+            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model)}
+            for name, count in counts.items():  # in the first logged step
                 self._metrics["train"][name].append(float(count))
 
     # ------------------------------------------------------------------ construction helpers
@@ -159,15 +161,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             model = create_model_from_path(model, **model_init_kwargs)
             # Used above; TRL would warn that they are ignored for an instantiated model.
             args.model_init_kwargs = None
-        options = {
-            "keep_first_blocks": args.nvfp4_keep_first_blocks,
-            "keep_last_blocks": args.nvfp4_keep_last_blocks,
-            "scales": args.resolved_nvfp4_learner_scales,
-            "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
-        }
-        if args.nvfp4_exclude_patterns is not None:  # else the NVFP4 module's defaults (MoE router gates)
-            options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
-        report = convert_to_nvfp4_learner(model, **options)
+        report = convert_to_nvfp4_learner(model, args)
         return model, report
 
     def _sampler_factory(self, args: TriageGRPOConfig, train_dataset, processing_class, model):
@@ -183,6 +177,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
             checkpoint_dir=os.path.join(args.output_dir, "sampler_checkpoint"),
             sampler_seed=args.seed,
+            nvfp4_config=args,
         )
 
     # ------------------------------------------------------------------ generation: sync + probe

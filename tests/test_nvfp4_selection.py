@@ -1,0 +1,112 @@
+"""The one NVFP4 layer rule: computed once per model, the same object for the learner conversion, the calibration
+and the export, for every learner/sampler precision pair; MoE routers never quantised; fused groups together."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from triage_trl.nvfp4.config import NVFP4Config
+from triage_trl.nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, save_nvfp4_checkpoint
+from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
+from triage_trl.nvfp4.selection import nvfp4_layer_selection, select_nvfp4_layers
+
+PROMPTS = ["What is 3 + 4? Let me think step by step."]
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from triage_trl.testing import save_tiny_qwen3
+
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-selection"))
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), AutoTokenizer.from_pretrained(path)
+
+
+def test_bf16_learner_nvfp4_sampler_exports_exactly_the_selected_layers(tiny_dir, tmp_path):
+    # Regression: the sampler's export used its own rule and put all 14 linears in NVFP4 here.
+    model, tok = _load(tiny_dir)
+    config = NVFP4Config(learner_precision="bf16", sampler_precision="nvfp4", nvfp4_keep_first_blocks=1)
+    selection = nvfp4_layer_selection(model, config)
+    assert selection.nvfp4_layers == tuple(f"model.layers.1.{m}" for m in LINEARS)
+    scales = calibrate_input_global_scales(model, tok, PROMPTS)
+    assert set(scales) == set(selection.nvfp4_layers)
+    out = save_nvfp4_checkpoint(model, tok, tmp_path / "ckpt", scales)
+    from safetensors.torch import load_file
+
+    packed = {k.removesuffix(".weight_packed") for k in load_file(out / "model.safetensors") if k.endswith(".weight_packed")}
+    assert packed == set(selection.nvfp4_layers)
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert ignore == [f"model.layers.0.{m}" for m in LINEARS] + ["lm_head"] == list(selection.kept_layers)
+    assert selection.choice("model.layers.0.mlp.up_proj").reason == "block 0 < nvfp4_keep_first_blocks=1"
+
+
+def test_learner_conversion_and_export_share_one_selection_object(tiny_dir):
+    model, tok = _load(tiny_dir)
+    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_keep_last_blocks=1)
+    selection = convert_to_nvfp4_learner(model, config)
+    assert nvfp4_layer_selection(model) is selection and nvfp4_layer_selection(model, config) is selection
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    assert {k.removesuffix(".weight_packed") for k in sd if k.endswith(".weight_packed")} == set(selection.nvfp4_layers)
+    other = NVFP4Config(nvfp4_keep_first_blocks=1)
+    with pytest.raises(ValueError, match="already has an NVFP4 layer selection"):
+        nvfp4_layer_selection(model, other)
+    with pytest.raises(ValueError, match="differs from the one this model was converted with"):
+        next(iter_nvfp4_checkpoint_weights(model, {}, selection=select_nvfp4_layers(model, other)))
+
+
+def test_fused_groups_are_decided_together(tiny_dir):
+    model, _ = _load(tiny_dir)
+    selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=[r"k_proj$", r"layers\.1\.mlp\.up_proj"]))
+    for i in range(2):
+        for m in ("q_proj", "k_proj", "v_proj"):
+            assert not selection.is_nvfp4(f"model.layers.{i}.self_attn.{m}")
+        assert selection.is_nvfp4(f"model.layers.{i}.self_attn.o_proj")
+    assert selection.choice("model.layers.0.self_attn.q_proj").reason == \
+        "fused by vLLM with k_proj (matches nvfp4_exclude_patterns 'k_proj$')"
+    assert not selection.is_nvfp4("model.layers.1.mlp.gate_proj") and selection.is_nvfp4("model.layers.0.mlp.gate_proj")
+    assert nvfp4_layer_selection(model) is not selection  # select_ is pure: nothing was stored
+
+
+class _MoEBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(64, 64)
+        self.mlp = nn.Module()
+        self.mlp.gate = nn.Linear(64, 16)  # router: 16 experts
+        self.mlp.shared_expert_gate = nn.Linear(64, 16)
+        self.mlp.experts = nn.ModuleList([nn.Module() for _ in range(2)])
+        for e in self.mlp.experts:
+            e.gate_proj, e.up_proj, e.down_proj = nn.Linear(64, 32), nn.Linear(64, 32), nn.Linear(32, 64)
+
+
+def test_routers_and_gates_are_never_quantised():
+    model = nn.Module()
+    model.layers = nn.ModuleList([_MoEBlock()])
+    model.router = nn.Linear(64, 16)  # outside the blocks as well
+    selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=[]))
+    assert selection.choice("layers.0.mlp.gate").reason == "MoE router/gate"
+    assert selection.choice("layers.0.mlp.shared_expert_gate").reason == "MoE router/gate"
+    assert selection.choice("router").reason == "outside the decoder blocks"
+    assert selection.is_nvfp4("layers.0.self_attn.q_proj")
+    for e in range(2):
+        for m in ("gate_proj", "up_proj", "down_proj"):
+            assert selection.is_nvfp4(f"layers.0.mlp.experts.{e}.{m}")
+    with pytest.raises(KeyError, match="not a linear layer"):
+        selection.choice("layers.0.mlp.experts")
+
+
+def test_invalid_settings_raise_naming_the_field(tiny_dir):
+    model, _ = _load(tiny_dir)
+    with pytest.raises(ValueError, match="nvfp4_exclude_patterns: '\\(' is not a valid regular expression"):
+        select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=["("]))
+    with pytest.raises(ValueError, match="nvfp4_recipe='most' is invalid"):
+        select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="most"))
