@@ -110,3 +110,51 @@ def test_invalid_settings_raise_naming_the_field(tiny_dir):
         select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=["("]))
     with pytest.raises(ValueError, match="nvfp4_recipe='most' is invalid"):
         select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="most"))
+
+
+# ------------------------------------------------------------------ recipes, through the one rule
+
+
+def test_recipe_no_qkv_keeps_attention_inputs(tiny_dir):
+    model, _ = _load(tiny_dir)
+    selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="no_qkv"))
+    assert selection.nvfp4_layers == tuple(
+        f"model.layers.{i}.{m}" for i in range(2) for m in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    )
+    assert selection.choice("model.layers.1.self_attn.v_proj").reason == "nvfp4_recipe='no_qkv': attention q/k/v"
+
+
+@pytest.fixture(scope="module")
+def seven_block_dir(tmp_path_factory):
+    from triage_trl.testing import save_tiny_qwen3
+
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-7-blocks"), num_hidden_layers=7)
+
+
+def test_recipe_paper_keeps_attention_and_the_boundary_blocks(seven_block_dir):
+    model, _ = _load(seven_block_dir)
+    mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    # 7 blocks: the first ceil(0.04 * 7) = 1 and the last ceil(0.15 * 7) = 2 stay in bf16, and attention everywhere
+    selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="paper"))
+    assert selection.nvfp4_layers == tuple(f"model.layers.{i}.{m}" for i in range(1, 5) for m in mlp)
+    assert selection.choice("model.layers.2.self_attn.o_proj").reason == "nvfp4_recipe='paper': attention"
+    assert selection.choice("model.layers.0.mlp.up_proj").reason == "nvfp4_recipe='paper': one of the first 1 blocks"
+    assert selection.choice("model.layers.5.mlp.up_proj").reason == "nvfp4_recipe='paper': one of the last 2 blocks"
+    # the free-form settings apply on top of the preset
+    on_top = NVFP4Config(nvfp4_recipe="paper", nvfp4_keep_last_blocks=3, nvfp4_exclude_patterns=["down_proj"])
+    assert select_nvfp4_layers(model, on_top).nvfp4_layers == tuple(
+        f"model.layers.{i}.{m}" for i in range(1, 4) for m in mlp[:2])
+
+
+def test_recipes_recognise_other_attention_layouts():
+    from triage_trl.nvfp4.recipes import paper_kept_blocks, recipe_keeps
+
+    for name in ("gpt_neox.layers.3.attention.query_key_value", "model.layers.3.self_attn.qkv_proj",
+                 "model.layers.3.self_attn.kv_b_proj", "transformer.blocks.3.attn.Wqkv"):
+        assert recipe_keeps("no_qkv", name, 3, 48) == "attention q/k/v"
+    for name in ("gpt_neox.layers.3.attention.dense", "model.layers.3.self_attn.o_proj"):
+        assert recipe_keeps("no_qkv", name, 3, 48) == "" and recipe_keeps("paper", name, 3, 48) == "attention"
+    assert recipe_keeps("no_qkv", "model.layers.3.mlp.experts.5.down_proj", 3, 48) == ""
+    assert paper_kept_blocks(48) == (2, 8) and paper_kept_blocks(30) == (2, 5) and paper_kept_blocks(36) == (2, 6)
+    assert recipe_keeps("paper", "model.layers.40.mlp.experts.5.down_proj", 40, 48) == "one of the last 8 blocks"
+    assert recipe_keeps("paper", "model.layers.20.mlp.experts.5.down_proj", 20, 48) == ""

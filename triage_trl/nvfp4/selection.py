@@ -125,7 +125,7 @@ def _kept_reason(name: str, lin: nn.Module, block: int | None, n_blocks: int, co
         return f"block {block} < nvfp4_keep_first_blocks={config.nvfp4_keep_first_blocks}"
     if block >= n_blocks - config.nvfp4_keep_last_blocks:
         return f"block {block} in the last nvfp4_keep_last_blocks={config.nvfp4_keep_last_blocks}"
-    recipe_reason = recipe_keeps(config.nvfp4_recipe, leaf, block, n_blocks)
+    recipe_reason = recipe_keeps(config.nvfp4_recipe, name, block, n_blocks)
     if recipe_reason:
         return f"nvfp4_recipe={config.nvfp4_recipe!r}: {recipe_reason}"
     pattern = next((p for p in config.nvfp4_exclude_patterns or () if re.search(p, name)), None)
