@@ -12,8 +12,10 @@ from triage_trl.nvfp4.config import NVFP4Config
 from triage_trl.nvfp4.learner import (
     NVFP4EmulatedLinear,
     convert_to_nvfp4_learner,
+    invalidate_nvfp4_weight_caches,
     learner_execution_summary,
     native_nvfp4_available,
+    register_nvfp4_cache_invalidation,
 )
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
 
@@ -64,16 +66,89 @@ def test_frozen_weight_gets_no_grad():
     assert layer.weight.grad is None and x.grad is not None and x.grad.shape == x.shape
 
 
-def test_weight_cache_invalidated_by_optimizer_step():
-    layer = _layer(dtype=torch.float32)
-    first = layer.fake_quantized_weight()
-    assert layer.fake_quantized_weight() is first  # cached between steps
+def _count_weight_quantisations(monkeypatch):
+    """Count the weight re-quantisations of emulated layers (weights are quantised with an explicit scale)."""
+    from triage_trl.nvfp4 import emulated
+
+    calls = []
+    real = emulated.nvfp4_fake_quantize
+
+    def counting(x, per_tensor_scale=None, **kwargs):
+        if per_tensor_scale is not None:
+            calls.append(tuple(x.shape))
+        return real(x, per_tensor_scale, **kwargs)
+
+    monkeypatch.setattr(emulated, "nvfp4_fake_quantize", counting)
+    return calls
+
+
+def _fresh_output(layer, x):
+    return F.linear(nvfp4_fake_quantize_reference(x), nvfp4_fake_quantize_reference(layer.weight.detach()), layer.bias)
+
+
+def test_weight_cache_is_reused_until_invalidated(monkeypatch):
+    calls = _count_weight_quantisations(monkeypatch)
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    layer(x)
+    layer(x)  # a second micro-batch of the same step: the cached weight
+    assert calls == [(48, 64)]
+    assert invalidate_nvfp4_weight_caches(layer) == 1
+    layer(x)
+    layer(x)
+    assert calls == [(48, 64)] * 2
+
+
+def test_deepspeed_style_data_copy_is_fresh_after_invalidation():
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    before = layer(x)
+    version = layer.weight._version
+    layer.weight.data.copy_(torch.randn_like(layer.weight))  # DeepSpeed writes updated parameters like this
+    assert layer.weight._version == version  # no version bump: a version-keyed cache would stay stale
+    assert torch.equal(layer(x), before)  # the cache holds until told
+    invalidate_nvfp4_weight_caches(layer)
+    after = layer(x)
+    assert not torch.equal(after, before) and torch.equal(after, _fresh_output(layer, x))
+
+
+def test_fsdp2_style_in_place_refill_is_fresh_after_invalidation():
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    before = layer(x)
+    storage, version = layer.weight.untyped_storage(), layer.weight._version
+    nbytes = storage.nbytes()
+    storage.resize_(0)  # FSDP2 frees the unsharded parameter after the forward ...
+    storage.resize_(nbytes)  # ... and all-gathers into a fresh allocation before the next one
+    storage.copy_(torch.randn_like(layer.weight).untyped_storage())
+    assert layer.weight._version == version
+    invalidate_nvfp4_weight_caches(layer)
+    after = layer(x)
+    assert not torch.equal(after, before) and torch.equal(after, _fresh_output(layer, x))
+
+
+def test_optimizer_hook_and_trainer_callback_invalidate_after_a_step():
+    from triage_trl.nvfp4.callbacks import NVFP4WeightCacheCallback
+
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
     opt = torch.optim.SGD(layer.parameters(), lr=0.5)
-    layer(torch.randn(4, 64)).sum().backward()
+    handle = register_nvfp4_cache_invalidation(opt, layer)
+    first = layer.fake_quantized_weight()
+    layer(x).sum().backward()
     opt.step()
-    second = layer.fake_quantized_weight()
-    assert second is not first
-    assert torch.equal(second, nvfp4_fake_quantize_reference(layer.weight.detach()))
+    assert torch.equal(layer(x), _fresh_output(layer, x)) and layer.fake_quantized_weight() is not first
+    handle.remove()
+    generation = layer.weight_generation.value
+    NVFP4WeightCacheCallback().on_optimizer_step(None, None, None, model=layer)
+    assert layer.weight_generation.value == generation + 1
+
+
+def test_disabled_weight_cache_keeps_no_copy_and_requantises_every_forward(monkeypatch):
+    calls = _count_weight_quantisations(monkeypatch)
+    torch.manual_seed(0)
+    layer = NVFP4EmulatedLinear.from_linear(nn.Linear(64, 48), cache_weights=False)
+    x = torch.randn(4, 64)
+    layer(x)
+    layer.weight.data.copy_(torch.randn_like(layer.weight))
+    assert torch.equal(layer(x), _fresh_output(layer, x))  # fresh without any invalidation
+    assert len(calls) == 2 and layer._weight_dq is None
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +328,12 @@ def test_nan_weight_raises_naming_the_layer(tiny_model_dir):
             model.model.layers[2].self_attn.k_proj.weight[0, 0] = float("inf")
         with pytest.raises(ValueError, match=r"model\.layers\.2\.self_attn\.(q|k)_proj.*NaN or inf"):
             model(input_ids=torch.arange(1, 9).reshape(1, 8))
+
+
+def test_converted_model_shares_one_weight_generation(tiny_model_dir):
+    model = _load(tiny_model_dir)
+    convert_to_nvfp4_learner(model, NVFP4Config(nvfp4_weight_cache=False))
+    layers = [m for m in model.modules() if isinstance(m, NVFP4EmulatedLinear)]
+    assert len(layers) == 14 * 3 // 2 and len({id(m.weight_generation) for m in layers}) == 1
+    assert not any(m.cache_weights for m in layers)
+    assert invalidate_nvfp4_weight_caches(model) == 21 and layers[0].weight_generation.value == 1

@@ -89,6 +89,14 @@ class NVFP4Config:
             "10x faster). Only a real compile failure switches a kernel to eager, with a warning."
         },
     )
+    nvfp4_weight_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep each emulated NVFP4 learner layer's fake-quantised weight between optimizer steps (one extra "
+            "weight copy per layer; re-quantised after each step). Turn off under FSDP2, where the copy would be a "
+            "full unsharded weight per layer on every rank."
+        },
+    )
     nvfp4_recalibrate_every_sync: bool = field(
         default=False,
         metadata={

@@ -10,7 +10,22 @@ from torch import nn
 from .numerics import check_finite, global_scale_from_amax, per_tensor_scale_from_amax
 from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
-__all__ = ["NVFP4EmulatedLinear"]
+__all__ = ["NVFP4EmulatedLinear", "NVFP4WeightGeneration"]
+
+
+class NVFP4WeightGeneration:
+    """A counter of weight updates, shared by the emulated layers of one model: advancing it (``advance()``)
+    invalidates every cached fake-quantised weight of those layers; each recomputes at its next forward."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+    def advance(self) -> int:
+        """Mark the weights as changed; returns the new generation."""
+        self.value += 1
+        return self.value
 
 
 class _EmulatedW4A4Matmul(torch.autograd.Function):
@@ -81,19 +96,37 @@ class NVFP4EmulatedLinear(nn.Linear):
     vLLM's NVFP4 emulation does (dequantise to bf16, bf16 GEMM with fp32 accumulation) and is exact
     for the dequantised operands when the per-tensor scales are powers of two.
 
-    The weight's fake-quantised copy is cached and recomputed only when the weight changes
-    (``weight._version`` / storage, i.e. after an optimizer step). PEFT LoRA can wrap this module
-    (it is an ``nn.Linear``); adapters then run unquantised next to it.
+    Weight cache: the fake-quantised weight is kept until the layer's ``weight_generation`` counter (one per model,
+    ``NVFP4WeightGeneration``) advances: whoever changes the weights advances it (``invalidate_nvfp4_weight_caches``,
+    from an optimizer-step hook or ``NVFP4WeightCacheCallback``). Tensor versions and addresses are not used:
+    DeepSpeed's ``.data.copy_`` and FSDP2's in-place refill change neither. ``cache_weights=False`` re-quantises at
+    every forward and keeps no copy (FSDP2: a cached full copy per layer and rank would defeat the sharding).
+
+    PEFT LoRA can wrap this module (it is an ``nn.Linear``); adapters then run unquantised next to it.
     """
 
     nvfp4_learner_path = "emulated"
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, *, name: str = "", compute_dtype: torch.dtype | None = None, compiled: bool = True
+        cls,
+        linear: nn.Linear,
+        *,
+        name: str = "",
+        compute_dtype: torch.dtype | None = None,
+        compiled: bool = True,
+        cache_weights: bool = True,
+        generation: NVFP4WeightGeneration | None = None,
     ) -> NVFP4EmulatedLinear:
-        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied). ``name`` (the Hugging Face
-        module name) is used in errors; ``compiled`` chooses the compiled fake-quantiser (``nvfp4_fake_quantize``)."""
+        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied).
+
+        Args:
+            name: the Hugging Face module name, used in errors.
+            compute_dtype: GEMM dtype (``None``: the input's).
+            compiled: use the compiled fake-quantisers (``nvfp4_fake_quantize``); the same bits either way.
+            cache_weights: keep the fake-quantised weight until ``generation`` advances (see the class docstring).
+            generation: the model's ``NVFP4WeightGeneration`` (``None``: a new one for this layer alone).
+        """
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
@@ -102,6 +135,8 @@ class NVFP4EmulatedLinear(nn.Linear):
         new.nvfp4_name = name
         new.compute_dtype = compute_dtype
         new.compiled = compiled
+        new.cache_weights = cache_weights
+        new.weight_generation = generation if generation is not None else NVFP4WeightGeneration()
         new.weight_scale_group = None
         new.input_global_scale = None
         new._weight_cache_key = None
@@ -126,15 +161,18 @@ class NVFP4EmulatedLinear(nn.Linear):
         return 1.0 / global_scale_from_amax(amax)
 
     def fake_quantized_weight(self) -> torch.Tensor:
-        """``dequant(Q(W))`` [out, in] in the weight's dtype, cached per weight (and scale group) version."""
-        group = self.weight_scale_group or (self.weight,)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in group)  # has self.weight
+        """``dequant(Q(W))`` [out, in] in the weight's dtype; cached per weight generation (and dtype, device)."""
+        if not self.cache_weights:
+            self._weight_dq = None
+            return self._quantize_weight()
+        key = (self.weight_generation.value, self.weight.dtype, self.weight.device)
         if self._weight_dq is None or self._weight_cache_key != key:
-            self._weight_dq = nvfp4_fake_quantize(
-                self.weight.detach(), self.weight_per_tensor_scale(), compiled=self.compiled
-            )
+            self._weight_dq = self._quantize_weight()
             self._weight_cache_key = key
         return self._weight_dq
+
+    def _quantize_weight(self) -> torch.Tensor:
+        return nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale(), compiled=self.compiled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _EmulatedW4A4Matmul.apply(

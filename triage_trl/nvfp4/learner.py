@@ -20,13 +20,15 @@ import torch
 from torch import nn
 
 from .config import NVFP4Config
-from .emulated import NVFP4EmulatedLinear
+from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
 from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears
 from .selection import NVFP4LayerSelection, nvfp4_layer_selection
 
 __all__ = [
     "NVFP4EmulatedLinear",
     "convert_to_nvfp4_learner",
+    "invalidate_nvfp4_weight_caches",
+    "register_nvfp4_cache_invalidation",
     "learner_execution_paths",
     "learner_execution_summary",
     "native_nvfp4_available",
@@ -134,6 +136,7 @@ def convert_to_nvfp4_learner(
             "native='auto') for the emulated W4A4 path, which runs on any device."
         )
     selection = nvfp4_layer_selection(model, config)
+    generation = root.__dict__.setdefault("nvfp4_weight_generation", NVFP4WeightGeneration())
     linears = list(iter_logical_linears(model))
     native_names = set()
     for name, module in linears:
@@ -146,12 +149,34 @@ def convert_to_nvfp4_learner(
         parent, attr = _owner_of_base(root, name, module)
         setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
             lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.nvfp4_emulation_dtype],
-            compiled=config.nvfp4_compile))
+            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation))
     if native_names:
         _apply_native(root, linears, native_names)
     if config.resolved_nvfp4_learner_scales == "sampler":
         _share_weight_scales_in_fused_groups(model)
     return selection
+
+
+def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
+    """Mark the weights of every emulated NVFP4 layer in ``model`` as changed: each re-quantises its weight at its
+    next forward. Call it after anything that changes the master weights in place (an optimizer step, DeepSpeed's
+    ``.data.copy_``, loading a state dict); ``register_nvfp4_cache_invalidation`` and ``NVFP4WeightCacheCallback``
+    call it after every optimizer step. Works through PEFT, DDP and FSDP wrappers (walks ``model.modules()``).
+
+    Returns:
+        The number of emulated NVFP4 layers whose cache it invalidated (0 for a model without any).
+    """
+    layers = [m for m in model.modules() if isinstance(m, NVFP4EmulatedLinear)]
+    for generation in {id(m.weight_generation): m.weight_generation for m in layers}.values():
+        generation.advance()
+    return len(layers)
+
+
+def register_nvfp4_cache_invalidation(optimizer: torch.optim.Optimizer, model: nn.Module):
+    """Invalidate ``model``'s NVFP4 weight caches after every ``optimizer.step()`` (torch's public
+    ``register_step_post_hook``); for training loops outside ``transformers.Trainer``. Returns the hook handle
+    (``.remove()`` detaches it)."""
+    return optimizer.register_step_post_hook(lambda _optimizer, _args, _kwargs: invalidate_nvfp4_weight_caches(model))
 
 
 def learner_execution_paths(model: nn.Module) -> dict[str, str]:

@@ -119,6 +119,10 @@ class TriageGRPOTrainer(GRPOTrainer):
                 rollout_func=rollout_func,
                 environment_factory=environment_factory,
             )
+        if self.nvfp4_learner_report is not None:  # re-quantise the cached NVFP4 weights after every step
+            from ..nvfp4.callbacks import NVFP4WeightCacheCallback
+
+            self.add_callback(NVFP4WeightCacheCallback())
 
         if self._triage_replaces_trl_is:
             # TRL's hook on, its own ratio neutral: clamp(exp(diff), 1, 1) == 1. TRIAGE's weights replace it at loss
