@@ -85,6 +85,9 @@ def test_vllm_nvfp4_layers_match_the_learner_with_the_checkpoint_scales(nvfp4_vl
                                          layer.weight_global_scale, torch.bfloat16, 16, swizzle=False)
             w_learner = torch.cat([m.fake_quantized_weight() for m in members]).bfloat16()
             assert torch.equal(w_vllm, w_learner), name
+            # the power-of-two activation scale: vLLM's multiplier is its divisor's exact reciprocal
+            assert torch.frexp(layer.input_global_scale_inv).mantissa.item() == 0.5, name
+            assert (layer.input_global_scale * layer.input_global_scale_inv).item() == 1.0, name
             x_vllm = ref_nvfp4_quant_dequant(x, layer.input_global_scale_inv, 16)
             assert torch.equal(x_vllm, nvfp4_fake_quantize_vllm(x, members[0].input_global_scale)), name
             # the outputs: equal to bf16 GEMM rounding

@@ -6,8 +6,8 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
 * ``<p>.weight_packed``        uint8 [out, in/2]: E2M1 codes, element 2j in the low nibble;
 * ``<p>.weight_scale``         float8_e4m3fn [out, in/16]: block scales;
 * ``<p>.weight_global_scale``  float32 [1]: a *divisor*, ``w = e2m1 * weight_scale / global``;
-* ``<p>.input_global_scale``   float32 [1]: divisor for the activations, ``448 * 6 / amax(x)``
-  from a calibration pass (vLLM quantises activations with this static scale);
+* ``<p>.input_global_scale``   float32 [1]: divisor for the activations, from ``calibrate_input_global_scales``
+  (``triage_trl.nvfp4.calibration``; vLLM quantises activations with this static scale);
 * ``<p>.bias`` when present. Every other parameter (embeddings, norms, ``lm_head``) is exported
   unchanged. vLLM fuses q/k/v and gate/up, so those share both global scales (max amax).
 
@@ -24,98 +24,23 @@ or a ``peft`` model (base weight plus active LoRA deltas, merged in float32).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
-from .numerics import FP4_RANGE, check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
-from .selection import NVFP4LayerSelection, nvfp4_layer_selection
+from .calibration import calibrate_input_global_scales
+from .numerics import check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
 __all__ = [
     "calibrate_input_global_scales",
-    "input_global_scale_from_amax",
     "iter_nvfp4_checkpoint_weights",
     "nvfp4_quantization_config",
     "save_nvfp4_checkpoint",
 ]
-
-def input_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """vLLM's activation global scale (a divisor): ``448 * 6 / amax``, 0-dim float32; 1 if amax=0."""
-    amax = amax.detach().float().reshape(())
-    return torch.where(amax > 0, FP4_RANGE / amax, torch.ones_like(amax))
-
-
-def _selection(model: nn.Module, selection: NVFP4LayerSelection | None) -> NVFP4LayerSelection:
-    """``selection``, or the model's own (``nvfp4_layer_selection``); refuses one that differs from the model's."""
-    own = nvfp4_layer_selection(model) if selection is None else selection
-    stored = hf_model(model).__dict__.get("nvfp4_layer_selection")
-    if stored is not None and own != stored:
-        raise ValueError(
-            "The NVFP4 selection given differs from the one this model was converted with; the sampler would "
-            "quantise other layers than the learner. Pass selection=None to use the model's own."
-        )
-    return own
-
-
-@torch.no_grad()
-def calibrate_input_global_scales(
-    model: nn.Module,
-    tokenizer,
-    prompts: Sequence[str],
-    *,
-    selection: NVFP4LayerSelection | None = None,
-    max_length: int = 256,
-) -> dict[str, torch.Tensor]:
-    """Activation global scales for every NVFP4 layer, from one forward pass per prompt.
-
-    Forward hooks record ``amax(|x|)`` of each NVFP4 layer's input (``selection``: the model's own by default) over all prompts
-    (each truncated to ``max_length`` tokens, no padding); vLLM-fused siblings (q/k/v, gate/up)
-    then take their group's maximum.
-
-    Returns:
-        ``{hf_linear_name: 0-dim float32}`` in vLLM's divisor convention, ``448 * 6 / amax``
-        (``input_global_scale_from_amax``).
-
-    Raises:
-        ValueError: ``prompts`` is empty.
-    """
-    if not prompts:
-        raise ValueError("calibrate_input_global_scales needs at least one prompt.")
-    amax: dict[str, torch.Tensor] = {}
-    handles = []
-
-    def make_hook(name):
-        def hook(_module, args):
-            x = args[0].detach()
-            value = x.abs().amax().float()
-            amax[name] = torch.maximum(amax[name], value) if name in amax else value
-
-        return hook
-
-    selection = _selection(model, selection)
-    for name, module in iter_logical_linears(model):
-        if selection.is_nvfp4(name):
-            handles.append(module.register_forward_pre_hook(make_hook(name)))
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        for prompt in prompts:
-            ids = tokenizer(prompt, return_tensors="pt", truncation=True, max_length=max_length)["input_ids"]
-            model(input_ids=ids.to(device))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    group_amax: dict[str, torch.Tensor] = {}
-    for name, value in amax.items():
-        g = fused_group(name)
-        group_amax[g] = torch.maximum(group_amax[g], value) if g in group_amax else value
-    return {name: input_global_scale_from_amax(group_amax[fused_group(name)].cpu()) for name in amax}
-
 
 @torch.no_grad()
 def iter_nvfp4_checkpoint_weights(
@@ -150,7 +75,7 @@ def iter_nvfp4_checkpoint_weights(
     """
     root = hf_model(model)
     linears = dict(iter_logical_linears(model))
-    quantized = _selection(model, selection).nvfp4_layers
+    quantized = resolve_nvfp4_layer_selection(model, selection).nvfp4_layers
     missing = [n for n in quantized if n not in input_global_scales]
     if missing:
         raise KeyError(
@@ -223,7 +148,7 @@ def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelectio
         config_groups={"group_0": preset_name_to_scheme("NVFP4", ["Linear"])},
         format=CompressionFormat.nvfp4_pack_quantized.value,
         quantization_status=QuantizationStatus.COMPRESSED,
-        ignore=list(_selection(model, selection).kept_layers),
+        ignore=list(resolve_nvfp4_layer_selection(model, selection).kept_layers),
     )
 
 
@@ -244,7 +169,7 @@ def save_nvfp4_checkpoint(
     from compressed_tensors.compressors import ModelCompressor
     from safetensors.torch import save_file
 
-    selection = _selection(model, selection)
+    selection = resolve_nvfp4_layer_selection(model, selection)
     tensors = {
         name: t.detach().to("cpu").contiguous().clone()
         for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, selection=selection)

@@ -34,7 +34,13 @@ from .recipes import recipe_keeps
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LayerChoice", "NVFP4LayerSelection", "nvfp4_layer_selection", "select_nvfp4_layers"]
+__all__ = [
+    "LayerChoice",
+    "NVFP4LayerSelection",
+    "nvfp4_layer_selection",
+    "resolve_nvfp4_layer_selection",
+    "select_nvfp4_layers",
+]
 
 _ROUTER_LEAF = re.compile(r"^(gate|router|\w*router\w*|\w+_gate)$")
 _ATTRIBUTE = "nvfp4_layer_selection"
@@ -193,4 +199,22 @@ def nvfp4_layer_selection(model: nn.Module, config: NVFP4Config | None = None) -
         return stored
     selection = select_nvfp4_layers(model, config)
     root.__dict__[_ATTRIBUTE] = selection
+    return selection
+
+
+def resolve_nvfp4_layer_selection(model: nn.Module, selection: NVFP4LayerSelection | None) -> NVFP4LayerSelection:
+    """``selection``, or the model's own (``nvfp4_layer_selection(model)``), for functions that take an optional one.
+
+    Raises:
+        ValueError: ``selection`` differs from the one stored on the model (the sampler would quantise other layers
+            than the learner).
+    """
+    stored = hf_model(model).__dict__.get(_ATTRIBUTE)
+    if selection is None:
+        return nvfp4_layer_selection(model)
+    if stored is not None and selection != stored:
+        raise ValueError(
+            "The NVFP4 selection given differs from the one this model was converted with; the sampler would "
+            "quantise other layers than the learner. Pass selection=None to use the model's own."
+        )
     return selection
