@@ -151,3 +151,37 @@ def test_nan_weight_raises_naming_the_layer(tiny_dir):
         model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj holds NaN or inf"):
         dict(iter_nvfp4_checkpoint_weights(model, scales))
+
+
+def test_four_over_six_export_decodes_to_the_learners_weights(tiny_dir):
+    model, tok = _load(tiny_dir)
+    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_four_over_six=True)
+    selection = convert_to_nvfp4_learner(model, config)
+    assert selection.four_over_six
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    plain, _ = _load(tiny_dir)
+    plain_sd = dict(iter_nvfp4_checkpoint_weights(plain, calibrate_input_global_scales(plain, tok, PROMPTS)))
+    changed = 0
+    for i in range(2):
+        for m in LINEARS:
+            p = f"model.layers.{i}.{m}"
+            learner_w = model.get_submodule(p).fake_quantized_weight()
+            assert torch.equal(_decompress(sd, p).view(torch.int16), learner_w.view(torch.int16)), p
+            assert torch.equal(sd[p + ".weight_global_scale"], plain_sd[p + ".weight_global_scale"])  # same format
+            changed += int(not torch.equal(sd[p + ".weight_scale"].view(torch.uint8), plain_sd[p + ".weight_scale"].view(torch.uint8)))
+    assert changed == 14  # every layer has blocks that chose 4
+
+
+def test_vllm_decodes_the_four_over_six_export_as_the_learner(tiny_dir):
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    model, tok = _load(tiny_dir)
+    convert_to_nvfp4_learner(model, NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
+                                                nvfp4_four_over_six=True))
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    p = "model.layers.1.mlp.down_proj"
+    # vLLM's compressed-tensors scheme turns the stored divisor into its reciprocal, a multiplier
+    w = dequantize_to_dtype(sd[p + ".weight_packed"], sd[p + ".weight_scale"], 1.0 / sd[p + ".weight_global_scale"],
+                            torch.bfloat16, 16, swizzle=False)
+    assert torch.equal(w, model.get_submodule(p).fake_quantized_weight())

@@ -184,3 +184,27 @@ def test_cuda_fast_path_bit_exact_vs_torchao_and_cpu(dtype):
     assert fast.is_cuda
     assert torch.equal(_bits(fast), _bits(q.nvfp4_fake_quantize_reference(x.cuda())))
     assert torch.equal(_bits(fast.cpu()), _bits(cpu))
+
+
+def test_four_over_six_picks_the_block_scale_with_less_error():
+    pts = torch.tensor(1.0)
+    # block 0: 5 sits between 4 and 6 on the plain grid (error 1); mapping the max to 4 (scale 1.5) gives 4.5
+    # block 1: 1 is exact with scale 1; with scale 1.5 it would round to 0.75
+    x = torch.tensor([[6.0] + [5.0] * 15 + [6.0] + [1.0] * 15])
+    plain = torch.tensor([[6.0] + [4.0] * 15 + [6.0] + [1.0] * 15])
+    chosen = torch.tensor([[6.0] + [4.5] * 15 + [6.0] + [1.0] * 15])
+    assert torch.equal(q.nvfp4_fake_quantize(x, pts), plain)
+    assert torch.equal(q.nvfp4_fake_quantize(x, pts, four_over_six=True), chosen)
+    values, scale = nx.quantize_torchao(x, pts, four_over_six=True)
+    assert scale.tolist() == [[1.5, 1.0]] and values.abs().max().item() == 6.0
+
+
+def test_four_over_six_never_increases_a_blocks_error():
+    # float32: the decoded values are compared exactly as the rule compares them (no output rounding)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(4)) ** 3
+    pts = nx.dynamic_per_tensor_scale(x)
+    err = {flag: (q.nvfp4_fake_quantize(x, pts, four_over_six=flag) - x).reshape(64, 16, 16).square().sum(-1)
+           for flag in (False, True)}
+    assert bool((err[True] <= err[False]).all()) and err[True].sum() < err[False].sum()
+    assert torch.equal(_bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True, compiled=False)),
+                       _bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True)))

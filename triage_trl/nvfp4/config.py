@@ -82,6 +82,15 @@ class NVFP4Config:
             "exact for the dequantised operands with power-of-two scales) or `fp32`."
         },
     )
+    nvfp4_four_over_six: bool = field(
+        default=False,
+        metadata={
+            "help": "'4 over 6' weight block scales (learner and sampler alike): per 16-element block, map the block "
+            "maximum to 4 instead of 6 where that quantises the block with less squared error. Same checkpoint "
+            "format (vLLM decodes it unchanged); the emulated learner only (torchao's native kernels cannot). See "
+            "docs/nvfp4.md for what it gains."
+        },
+    )
     nvfp4_compile: bool = field(
         default=True,
         metadata={

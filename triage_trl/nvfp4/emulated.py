@@ -117,6 +117,7 @@ class NVFP4EmulatedLinear(nn.Linear):
         compiled: bool = True,
         cache_weights: bool = True,
         generation: NVFP4WeightGeneration | None = None,
+        four_over_six: bool = False,
     ) -> NVFP4EmulatedLinear:
         """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied).
 
@@ -126,6 +127,7 @@ class NVFP4EmulatedLinear(nn.Linear):
             compiled: use the compiled fake-quantisers (``nvfp4_fake_quantize``); the same bits either way.
             cache_weights: keep the fake-quantised weight until ``generation`` advances (see the class docstring).
             generation: the model's ``NVFP4WeightGeneration`` (``None``: a new one for this layer alone).
+            four_over_six: "4 over 6" weight block scales, as the export's (``numerics.quantize_torchao``).
         """
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -136,6 +138,7 @@ class NVFP4EmulatedLinear(nn.Linear):
         new.compute_dtype = compute_dtype
         new.compiled = compiled
         new.cache_weights = cache_weights
+        new.four_over_six = four_over_six
         new.weight_generation = generation if generation is not None else NVFP4WeightGeneration()
         new.weight_scale_group = None
         new.input_global_scale = None
@@ -172,7 +175,8 @@ class NVFP4EmulatedLinear(nn.Linear):
         return self._weight_dq
 
     def _quantize_weight(self) -> torch.Tensor:
-        return nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale(), compiled=self.compiled)
+        return nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale(),
+                                   four_over_six=self.four_over_six, compiled=self.compiled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _EmulatedW4A4Matmul.apply(
@@ -182,4 +186,5 @@ class NVFP4EmulatedLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         scales = "sampler" if self.weight_scale_group is not None else "dynamic"
-        return super().extra_repr() + f", nvfp4=emulated W4A4, scales={scales}"
+        rule = ", 4 over 6" if self.four_over_six else ""
+        return super().extra_repr() + f", nvfp4=emulated W4A4, scales={scales}{rule}"

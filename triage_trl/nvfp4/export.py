@@ -14,7 +14,8 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
 Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``448 * 6 / amax`` rounded down to a
 power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
 The codes and block scales are torchao's quantisation (``numerics.quantize_torchao``, bit-identical to
-``NVFP4Tensor.to_nvfp4``), packed with torchao's helpers (``numerics.encode_e2m1``).
+``NVFP4Tensor.to_nvfp4``; its "4 over 6" block scales when the selection's ``four_over_six`` says so, the learner's
+rule too), packed with torchao's helpers (``numerics.encode_e2m1``).
 
 Master weights are read from the model as it is: a plain transformers model, one converted by
 ``convert_to_nvfp4_learner`` (its high-precision master weights, not the fake-quantised copy),
@@ -75,7 +76,8 @@ def iter_nvfp4_checkpoint_weights(
     """
     root = hf_model(model)
     linears = dict(iter_logical_linears(model))
-    quantized = resolve_nvfp4_layer_selection(model, selection).nvfp4_layers
+    selection = resolve_nvfp4_layer_selection(model, selection)
+    quantized = selection.nvfp4_layers
     missing = [n for n in quantized if n not in input_global_scales]
     if missing:
         raise KeyError(
@@ -103,7 +105,7 @@ def iter_nvfp4_checkpoint_weights(
                 continue
             done.add(owner)
             yield from _linear_tensors(owner, linears[owner], weights[owner], owner in quantized_set,
-                                       group_w_amax, group_in_scale, seen)
+                                       group_w_amax, group_in_scale, seen, selection.four_over_six)
             continue
         ident = (tensor.data_ptr(), tuple(tensor.shape))
         if tensor.numel() and ident in seen:
@@ -118,7 +120,7 @@ def _prefixes(key: str) -> Iterator[str]:
         yield ".".join(parts[:i])
 
 
-def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale, seen):
+def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale, seen, four_over_six):
     bias = base_linear(module).bias
     if not quantize:
         ident = (weight.data_ptr(), tuple(weight.shape))
@@ -128,7 +130,7 @@ def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale
     else:
         g = fused_group(name)
         global_scale = global_scale_from_amax(group_w_amax[g])
-        q, block_scale = quantize_torchao(weight, (1.0 / global_scale).to(weight.device))
+        q, block_scale = quantize_torchao(weight, (1.0 / global_scale).to(weight.device), four_over_six)
         yield f"{name}.weight_packed", encode_e2m1(q.reshape(weight.shape))
         yield f"{name}.weight_scale", block_scale.to(torch.float8_e4m3fn)
         yield f"{name}.weight_global_scale", global_scale.reshape(1)

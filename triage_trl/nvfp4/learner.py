@@ -130,6 +130,8 @@ def convert_to_nvfp4_learner(
     param = next(root.parameters(), None)
     native_ok, native_why = (False, "native=False") if native is False else native_nvfp4_available(
         param.device if param is not None else None)
+    if native_ok and config.nvfp4_four_over_six:
+        native_ok, native_why = False, "nvfp4_four_over_six: torchao's native kernels use plain block scales"
     if native is True and not native_ok:
         raise ValueError(
             f"native NVFP4 training is unavailable here ({native_why}). Use native=False (or "
@@ -149,7 +151,8 @@ def convert_to_nvfp4_learner(
         parent, attr = _owner_of_base(root, name, module)
         setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
             lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.nvfp4_emulation_dtype],
-            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation))
+            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
+            four_over_six=config.nvfp4_four_over_six))
     if native_names:
         _apply_native(root, linears, native_names)
     if config.resolved_nvfp4_learner_scales == "sampler":

@@ -57,7 +57,8 @@ class LayerChoice:
 @dataclass(frozen=True)
 class NVFP4LayerSelection:
     """The NVFP4 layer selection of one model: a ``LayerChoice`` per linear (Hugging Face module names, in module
-    order) and the settings it was computed from. Immutable; compare with ``==``."""
+    order) and the settings both engines must share: the layer rule's and the weight block-scale rule
+    (``nvfp4_four_over_six``, read by the export). Immutable; compare with ``==``."""
 
     layers: tuple[tuple[str, LayerChoice], ...]
     settings: tuple[tuple[str, object], ...]
@@ -86,6 +87,11 @@ class NVFP4LayerSelection:
         """Names of the linears kept in bf16, in module order (the checkpoint's compressed-tensors ``ignore``)."""
         return tuple(n for n, c in self.layers if not c.nvfp4)
 
+    @property
+    def four_over_six(self) -> bool:
+        """Whether NVFP4 weights use "4 over 6" block scales (``numerics.quantize_torchao``), learner and export."""
+        return bool(dict(self.settings)["nvfp4_four_over_six"])
+
     def summary(self) -> dict[str, int]:
         """Counts for logs and cards: ``{"nvfp4/layers_nvfp4": n, "nvfp4/layers_bf16": n}``."""
         return {"nvfp4/layers_nvfp4": len(self.nvfp4_layers), "nvfp4/layers_bf16": len(self.kept_layers)}
@@ -109,6 +115,7 @@ def _settings(config: NVFP4Config) -> tuple[tuple[str, object], ...]:
         ("nvfp4_keep_first_blocks", config.nvfp4_keep_first_blocks),
         ("nvfp4_keep_last_blocks", config.nvfp4_keep_last_blocks),
         ("nvfp4_exclude_patterns", tuple(config.nvfp4_exclude_patterns or ())),
+        ("nvfp4_four_over_six", config.nvfp4_four_over_six),
     )
 
 
