@@ -13,26 +13,13 @@ PROMPTS = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst,
 BOTH_NVFP4 = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from triage_trl.testing import save_tiny_qwen3
-
-    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-calibration"))
-
-
-def _load(path, dtype=torch.bfloat16):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
-
-
-def _learner_with_lora(path, seed):
+def _learner_with_lora(load, seed):
     """A converted NVFP4 learner under a randomly initialised LoRA: everything a run's seed touches."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
     torch.randn(1000)  # the run consumed some random numbers before calibrating
-    model, tok = _load(path)
+    model, tok = load()
     convert_to_nvfp4_learner(model, BOTH_NVFP4)
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "down_proj"], lora_dropout=0.1)), tok
 
@@ -41,15 +28,15 @@ def _bits(scales):
     return {name: s.view(torch.int32).item() for name, s in scales.items()}
 
 
-def test_three_seeds_give_bit_identical_scales(tiny_dir):
-    runs = [_bits(calibrate_input_global_scales(*_learner_with_lora(tiny_dir, seed), PROMPTS)) for seed in (0, 1, 2)]
+def test_three_seeds_give_bit_identical_scales(nvfp4_tiny_qwen3):
+    runs = [_bits(calibrate_input_global_scales(*_learner_with_lora(nvfp4_tiny_qwen3, seed), PROMPTS)) for seed in (0, 1, 2)]
     assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 14
 
 
-def test_scales_are_the_float_models_powers_of_two_shared_in_fused_groups(tiny_dir):
-    plain, tok = _load(tiny_dir)
+def test_scales_are_the_float_models_powers_of_two_shared_in_fused_groups(nvfp4_tiny_qwen3):
+    plain, tok = nvfp4_tiny_qwen3()
     expected = calibrate_input_global_scales(plain, tok, PROMPTS)
-    learner, _ = _load(tiny_dir)
+    learner, _ = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(learner, BOTH_NVFP4)
     assert _bits(calibrate_input_global_scales(learner, tok, PROMPTS)) == _bits(expected)
     for name, scale in expected.items():
@@ -69,9 +56,9 @@ def test_scales_are_the_float_models_powers_of_two_shared_in_fused_groups(tiny_d
     assert expected["model.layers.1.self_attn.o_proj"].item() == 2.0 ** torch.floor(torch.log2(ideal)).item()
 
 
-def test_quantizers_disabled_runs_the_float_model_and_restores(tiny_dir):
-    plain, _ = _load(tiny_dir, torch.float32)
-    learner, _ = _load(tiny_dir, torch.float32)
+def test_quantizers_disabled_runs_the_float_model_and_restores(nvfp4_tiny_qwen3):
+    plain, _ = nvfp4_tiny_qwen3(torch.float32)
+    learner, _ = nvfp4_tiny_qwen3(torch.float32)
     convert_to_nvfp4_learner(learner, BOTH_NVFP4)
     ids = torch.arange(1, 17).reshape(1, 16)
     with torch.no_grad():
@@ -83,8 +70,8 @@ def test_quantizers_disabled_runs_the_float_model_and_restores(tiny_dir):
     assert not torch.equal(nvfp4_logits, float_logits)
 
 
-def test_nan_activation_raises_naming_the_layer(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_nan_activation_raises_naming_the_layer(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.fill_(float("nan"))  # NaN reaches block 1's attention input
     with pytest.raises(ValueError, match=r"The input of model\.layers\.1\.self_attn\.(q|k|v)_proj holds NaN or inf"):

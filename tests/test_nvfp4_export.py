@@ -17,19 +17,6 @@ PROMPTS = ["What is 3 + 4? Let me think step by step.", "The quick brown fox jum
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from triage_trl.testing import save_tiny_qwen3
-
-    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-export"))
-
-
-def _load(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), AutoTokenizer.from_pretrained(path)
-
-
 def _decompress(sd, prefix):
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.quantization import preset_name_to_scheme
@@ -46,8 +33,8 @@ def test_weight_global_scale_is_power_of_two_below_ideal():
     assert global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
 
 
-def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_checkpoint_tensors_names_shapes_and_exact_decompression(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     scales = calibrate_input_global_scales(model, tok, PROMPTS)
     assert set(scales) == {f"model.layers.{i}.{m}" for i in range(2) for m in LINEARS}
     sd = dict(iter_nvfp4_checkpoint_weights(model, scales))
@@ -79,11 +66,11 @@ def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
     assert len(quant_keys) == 4 * 14 and len(sd) == len(hf) - 14 + 4 * 14
 
 
-def test_export_of_converted_learner_reads_master_weights(tiny_dir):
-    plain, tok = _load(tiny_dir)
+def test_export_of_converted_learner_reads_master_weights(nvfp4_tiny_qwen3):
+    plain, tok = nvfp4_tiny_qwen3()
     scales = calibrate_input_global_scales(plain, tok, PROMPTS)
     expected = dict(iter_nvfp4_checkpoint_weights(plain, scales))
-    converted, _ = _load(tiny_dir)
+    converted, _ = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(converted)
     got = dict(iter_nvfp4_checkpoint_weights(converted, scales))
     assert got.keys() == expected.keys()
@@ -93,18 +80,18 @@ def test_export_of_converted_learner_reads_master_weights(tiny_dir):
     assert calibrate_input_global_scales(converted, tok, PROMPTS).keys() == scales.keys()
 
 
-def test_export_follows_learner_selection(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_export_follows_learner_selection(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     selection = convert_to_nvfp4_learner(model, NVFP4Config(nvfp4_keep_last_blocks=1))
     assert selection.nvfp4_layers == tuple(f"model.layers.0.{m}" for m in LINEARS)
     sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
     assert "model.layers.1.self_attn.q_proj.weight" in sd and "model.layers.1.self_attn.q_proj.weight_packed" not in sd
 
 
-def test_export_of_peft_model_merges_lora(tiny_dir):
+def test_export_of_peft_model_merges_lora(nvfp4_tiny_qwen3):
     from peft import LoraConfig, get_peft_model
 
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(model)
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
     for mod in peft_model.modules():
@@ -122,16 +109,16 @@ def test_export_of_peft_model_merges_lora(tiny_dir):
     assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
 
 
-def test_missing_scales_raise(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_missing_scales_raise(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):
         next(iter_nvfp4_checkpoint_weights(model, {}))
 
 
-def test_saved_checkpoint_folder(tiny_dir, tmp_path):
+def test_saved_checkpoint_folder(nvfp4_tiny_qwen3, tmp_path):
     from compressed_tensors.quantization import QuantizationConfig
 
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     out = save_nvfp4_checkpoint(model, tok, tmp_path / "ckpt", calibrate_input_global_scales(model, tok, PROMPTS))
     assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
     config = json.loads((out / "config.json").read_text())
@@ -144,8 +131,8 @@ def test_saved_checkpoint_folder(tiny_dir, tmp_path):
     assert config["model_type"] == "qwen3"
 
 
-def test_nan_weight_raises_naming_the_layer(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_nan_weight_raises_naming_the_layer(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     scales = calibrate_input_global_scales(model, tok, PROMPTS)
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
@@ -153,13 +140,13 @@ def test_nan_weight_raises_naming_the_layer(tiny_dir):
         dict(iter_nvfp4_checkpoint_weights(model, scales))
 
 
-def test_four_over_six_export_decodes_to_the_learners_weights(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_four_over_six_export_decodes_to_the_learners_weights(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_four_over_six=True)
     selection = convert_to_nvfp4_learner(model, config)
     assert selection.four_over_six
     sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
-    plain, _ = _load(tiny_dir)
+    plain, _ = nvfp4_tiny_qwen3()
     plain_sd = dict(iter_nvfp4_checkpoint_weights(plain, calibrate_input_global_scales(plain, tok, PROMPTS)))
     changed = 0
     for i in range(2):
@@ -172,11 +159,11 @@ def test_four_over_six_export_decodes_to_the_learners_weights(tiny_dir):
     assert changed == 14  # every layer has blocks that chose 4
 
 
-def test_vllm_decodes_the_four_over_six_export_as_the_learner(tiny_dir):
+def test_vllm_decodes_the_four_over_six_export_as_the_learner(nvfp4_tiny_qwen3):
     pytest.importorskip("vllm")
     from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
 
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(model, NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
                                                 nvfp4_four_over_six=True))
     sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))

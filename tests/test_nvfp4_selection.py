@@ -17,22 +17,9 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from triage_trl.testing import save_tiny_qwen3
-
-    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-selection"))
-
-
-def _load(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), AutoTokenizer.from_pretrained(path)
-
-
-def test_bf16_learner_nvfp4_sampler_exports_exactly_the_selected_layers(tiny_dir, tmp_path):
+def test_bf16_learner_nvfp4_sampler_exports_exactly_the_selected_layers(nvfp4_tiny_qwen3, tmp_path):
     # Regression: the sampler's export used its own rule and put all 14 linears in NVFP4 here.
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     config = NVFP4Config(learner_precision="bf16", sampler_precision="nvfp4", nvfp4_keep_first_blocks=1)
     selection = nvfp4_layer_selection(model, config)
     assert selection.nvfp4_layers == tuple(f"model.layers.1.{m}" for m in LINEARS)
@@ -48,8 +35,8 @@ def test_bf16_learner_nvfp4_sampler_exports_exactly_the_selected_layers(tiny_dir
     assert selection.choice("model.layers.0.mlp.up_proj").reason == "block 0 < nvfp4_keep_first_blocks=1"
 
 
-def test_learner_conversion_and_export_share_one_selection_object(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_learner_conversion_and_export_share_one_selection_object(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_keep_last_blocks=1)
     selection = convert_to_nvfp4_learner(model, config)
     assert nvfp4_layer_selection(model) is selection and nvfp4_layer_selection(model, config) is selection
@@ -62,8 +49,8 @@ def test_learner_conversion_and_export_share_one_selection_object(tiny_dir):
         next(iter_nvfp4_checkpoint_weights(model, {}, selection=select_nvfp4_layers(model, other)))
 
 
-def test_fused_groups_are_decided_together(tiny_dir):
-    model, _ = _load(tiny_dir)
+def test_fused_groups_are_decided_together(nvfp4_tiny_qwen3):
+    model, _ = nvfp4_tiny_qwen3()
     selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=[r"k_proj$", r"layers\.1\.mlp\.up_proj"]))
     for i in range(2):
         for m in ("q_proj", "k_proj", "v_proj"):
@@ -104,8 +91,8 @@ def test_routers_and_gates_are_never_quantised():
         selection.choice("layers.0.mlp.experts")
 
 
-def test_invalid_settings_raise_naming_the_field(tiny_dir):
-    model, _ = _load(tiny_dir)
+def test_invalid_settings_raise_naming_the_field(nvfp4_tiny_qwen3):
+    model, _ = nvfp4_tiny_qwen3()
     with pytest.raises(ValueError, match="nvfp4_exclude_patterns: '\\(' is not a valid regular expression"):
         select_nvfp4_layers(model, NVFP4Config(nvfp4_exclude_patterns=["("]))
     with pytest.raises(ValueError, match="nvfp4_recipe='most' is invalid"):
@@ -115,8 +102,8 @@ def test_invalid_settings_raise_naming_the_field(tiny_dir):
 # ------------------------------------------------------------------ recipes, through the one rule
 
 
-def test_recipe_no_qkv_keeps_attention_inputs(tiny_dir):
-    model, _ = _load(tiny_dir)
+def test_recipe_no_qkv_keeps_attention_inputs(nvfp4_tiny_qwen3):
+    model, _ = nvfp4_tiny_qwen3()
     selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="no_qkv"))
     assert selection.nvfp4_layers == tuple(
         f"model.layers.{i}.{m}" for i in range(2) for m in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -132,7 +119,9 @@ def seven_block_dir(tmp_path_factory):
 
 
 def test_recipe_paper_keeps_attention_and_the_boundary_blocks(seven_block_dir):
-    model, _ = _load(seven_block_dir)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(seven_block_dir, dtype=torch.bfloat16)
     mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     # 7 blocks: the first ceil(0.04 * 7) = 1 and the last ceil(0.15 * 7) = 2 stay in bf16, and attention everywhere
     selection = select_nvfp4_layers(model, NVFP4Config(nvfp4_recipe="paper"))

@@ -188,40 +188,41 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
         return out
 
 
+_registered: set[type] = set()  # kernels this module registered with vLLM in this process
+
+
+def _register_cpu_nvfp4_kernel(kernel: type) -> None:
+    from vllm.model_executor.kernels.linear import register_linear_kernel
+    from vllm.platforms import PlatformEnum
+
+    if kernel not in _registered:
+        register_linear_kernel(kernel, PlatformEnum.CPU, "nvfp4")
+        _registered.add(kernel)
+
+
 def register_fast_cpu_nvfp4_kernel() -> type[FastCpuNvFp4LinearKernel]:
     """Make vLLM pick :class:`FastCpuNvFp4LinearKernel` for NVFP4 linear layers on CPU.
 
-    Calls ``register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")`` once
-    (idempotent) and moves it to the front of the CPU candidate list, so it wins over an
-    ``EmulationNvFp4LinearKernel`` registered earlier. Must run in the process that builds the
-    model (in-process ``vllm.LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) before the engine starts.
+    Registers it once per process through vLLM's public ``register_linear_kernel(kernel, PlatformEnum.CPU,
+    "nvfp4")``. vLLM registers no CPU NVFP4 kernel of its own and picks the first supported one registered, so this
+    one runs unless another was registered earlier in the process (``register_emulation_nvfp4_kernel``); the
+    sampler's kernel report names the kernel that runs. Must run in the process that builds the model (in-process
+    ``vllm.LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) before the engine starts.
 
     Returns:
         The registered kernel class.
     """
-    from vllm.model_executor.kernels import linear as linear_kernels
-    from vllm.platforms import PlatformEnum
-
-    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
-    if FastCpuNvFp4LinearKernel not in candidates:
-        linear_kernels.register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
-        candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]
-    candidates.remove(FastCpuNvFp4LinearKernel)
-    candidates.insert(0, FastCpuNvFp4LinearKernel)
+    _register_cpu_nvfp4_kernel(FastCpuNvFp4LinearKernel)
     return FastCpuNvFp4LinearKernel
 
 
 def register_emulation_nvfp4_kernel() -> None:
-    """Register vLLM's own ``EmulationNvFp4LinearKernel`` for CPU (reference / benchmark only).
+    """Register vLLM's own ``EmulationNvFp4LinearKernel`` for CPU (reference / benchmark only), once per process.
 
-    It is appended after any fast kernel, so to run the emulation kernel alone, start the engine
-    in a process where :func:`register_fast_cpu_nvfp4_kernel` has not been called, or disable the
-    fast one with ``VLLM_DISABLED_KERNELS=FastCpuNvFp4LinearKernel``.
+    vLLM picks the first registered kernel: to run the emulation kernel, call this before
+    :func:`register_fast_cpu_nvfp4_kernel` in that process, or disable the fast one with vLLM's documented switch
+    ``VLLM_DISABLED_KERNELS=FastCpuNvFp4LinearKernel``.
     """
-    from vllm.model_executor.kernels import linear as linear_kernels
     from vllm.model_executor.kernels.linear import EmulationNvFp4LinearKernel
-    from vllm.platforms import PlatformEnum
 
-    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
-    if EmulationNvFp4LinearKernel not in candidates:
-        linear_kernels.register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+    _register_cpu_nvfp4_kernel(EmulationNvFp4LinearKernel)
