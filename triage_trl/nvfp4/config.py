@@ -46,8 +46,8 @@ class NVFP4Config:
         metadata={
             "help": "Which decoder linear layers stay in bf16 in NVFP4 runs (learner and sampler), as a named preset: "
             "`all` (every decoder linear in NVFP4), `no_qkv` (attention q/k/v in bf16), `paper` (what published NVFP4 "
-            "RL keeps in bf16: all of attention, the first 4% and the last 15% of the blocks; the MLP of the others "
-            "in NVFP4). The keep/exclude settings below apply on top. See docs/nvfp4.md."
+            "RL keeps in bf16: all of attention, the first 4 and the last 15 percent of the blocks; the MLP of the "
+            "others in NVFP4). The keep/exclude settings below apply on top. See docs/nvfp4.md."
         },
     )
     nvfp4_keep_first_blocks: int = field(
