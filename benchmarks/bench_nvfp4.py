@@ -40,7 +40,7 @@ def _block_step(layers, inputs, grads, emulated, requant):
     for layer, x, g in zip(layers, inputs, grads):
         if emulated:
             if requant:
-                layer._weight_cache_key = None
+                layer.weight_generation.advance()
             y = layer(x)
         else:
             y = F.linear(x, layer.weight)

@@ -151,21 +151,20 @@ def check_linear(device):
 def check_learner_paths(device):
     from transformers import AutoModelForCausalLM
 
-    from triage_trl.nvfp4.learner import convert_to_nvfp4_learner, native_nvfp4_available
+    from triage_trl.nvfp4.learner import convert_to_nvfp4_learner, learner_execution_summary, native_nvfp4_available
     from triage_trl.testing import save_tiny_qwen3
 
     with tempfile.TemporaryDirectory() as tmp:
         model = AutoModelForCausalLM.from_pretrained(save_tiny_qwen3(tmp), dtype=torch.bfloat16).to(device)
-    report = convert_to_nvfp4_learner(model, native="auto")
-    print(report, flush=True)
+    print(convert_to_nvfp4_learner(model, native="auto"), flush=True)
+    s = learner_execution_summary(model)
     native_ok, why = native_nvfp4_available(device) if torch.device(device).type == "cuda" else (False, "cpu")
-    if native_ok and not report.names("native"):
+    if native_ok and not s["nvfp4/native"]:
         return False, "sm100 GPU but no layer took the native path"
     ids = torch.randint(0, model.config.vocab_size, (1, 128), device=device)  # torchao native: M % 128 == 0
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     finite = bool(torch.isfinite(loss).item())
-    s = report.summary()
     return finite, f"native {s['nvfp4/native']}, emulated {s['nvfp4/emulated']}, bf16 {s['nvfp4/kept_bf16']}; loss {loss.item():.3f}" + (f"; native unavailable: {why}" if not native_ok else "")
 
 

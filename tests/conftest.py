@@ -67,12 +67,30 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
 
 # --- nvfp4 fixtures ---
 @pytest.fixture(scope="session")
+def nvfp4_tiny_qwen3(tmp_path_factory):
+    """``load(dtype=torch.bfloat16) -> (model, tokenizer)``: a fresh copy of a tiny random Qwen3 (2 blocks, 14 linears
+    that NVFP4 can quantise), saved once per session; ``load.path`` is its folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from triage_trl.testing import save_tiny_qwen3
+
+    path = save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4"))
+
+    def load(dtype=torch.bfloat16):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+
+    load.path = path
+    return load
+
+
+@pytest.fixture(scope="session")
 def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     """vLLM on CPU (in-process, eager, 1 GiB KV cache) serving an NVFP4 export of a tiny Qwen3.
 
     Yields a namespace: ``llm`` (``vllm.LLM``), ``hf_dir`` (the bf16 model it was exported from;
     its ``lm_head`` is scaled x20 so greedy log-probs are far from uniform), ``ckpt_dir`` and
-    ``input_global_scales``. The engine runs vLLM's own ``EmulationNvFp4LinearKernel`` (the reference).
+    ``input_global_scales``. Runs the sampler's CPU kernel (``FastCpuNvFp4LinearKernel``).
     """
     from types import SimpleNamespace
 
@@ -95,7 +113,7 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     prompts = ["What is 3 + 4? Let me think step by step.", "Compute 12 - 5.\nFirst, 12 - 5 = 7."]
     scales = calibrate_input_global_scales(model, tok, prompts)
     ckpt_dir = save_nvfp4_checkpoint(model, tok, root / "nvfp4", scales)
-    llm, _ = start_engine(ckpt_dir, "nvfp4", nvfp4_cpu_kernel="emulation", max_model_len=512, seed=0)
+    llm, _ = start_engine(ckpt_dir, "nvfp4", max_model_len=512, seed=0)
     yield SimpleNamespace(llm=llm, hf_dir=hf_dir, ckpt_dir=ckpt_dir, input_global_scales=scales)
     del llm
 # --- end nvfp4 fixtures ---

@@ -123,10 +123,9 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights, quantized_linear_names
+    from triage_trl.nvfp4.export import iter_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
     from triage_trl.runtime import vllm_process_settings
-    from triage_trl.sampler.distributed_export import iter_sampler_weights
     from triage_trl.sampler.engine import TriageVLLMGeneration
 
     if mode == "zero3":
@@ -162,15 +161,15 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
             facts["learner_diff"].append(float(diff))
         scales = gen.input_global_scales
         facts["input_global_scales"] = {k: float(v) for k, v in (scales or {}).items()}
-        quantized = quantized_linear_names(model) if precision == "nvfp4" else ()
+        selection = gen.nvfp4_selection
         whole_blocks = []
         ours = {}
-        for name, tensor in iter_sampler_weights(model, quantized=quantized, input_global_scales=scales):
+        for name, tensor in iter_checkpoint_weights(model, selection=selection, input_global_scales=scales):
             whole_blocks.append(_blocks_whole(model))
             ours[name] = tensor.clone()
         facts["max_whole_blocks"] = max(whole_blocks)
         facts["blocks"] = len(model.model.layers)
-        plain = dict(iter_nvfp4_checkpoint_weights(reference, scales)) if quantized else reference.state_dict()
+        plain = dict(iter_checkpoint_weights(reference, selection=selection, input_global_scales=scales))
         facts["export_names_equal"] = sorted(ours) == sorted(plain)
         facts["export_bitwise_equal"] = facts["export_names_equal"] and all(
             torch.equal(ours[n].view(torch.uint8), plain[n].view(torch.uint8)) for n in plain

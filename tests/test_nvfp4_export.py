@@ -7,31 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from triage_trl.nvfp4.export import (
-    calibrate_input_global_scales,
-    iter_nvfp4_checkpoint_weights,
-    quantized_linear_names,
-    save_nvfp4_checkpoint,
-    weight_global_scale_from_amax,
-)
+from triage_trl.nvfp4.config import NVFP4Config
+from triage_trl.nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, save_nvfp4_checkpoint
+from triage_trl.nvfp4.numerics import global_scale_from_amax
 from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
 
 PROMPTS = ["What is 3 + 4? Let me think step by step.", "The quick brown fox jumps over the lazy dog."]
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from triage_trl.testing import save_tiny_qwen3
-
-    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-nvfp4-export"))
-
-
-def _load(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), AutoTokenizer.from_pretrained(path)
 
 
 def _decompress(sd, prefix):
@@ -44,14 +27,14 @@ def _decompress(sd, prefix):
 
 def test_weight_global_scale_is_power_of_two_below_ideal():
     for amax in (0.013, 0.5, 1.0, 3.7, 2688.0, 1e4):
-        g = weight_global_scale_from_amax(torch.tensor(amax)).item()
+        g = global_scale_from_amax(torch.tensor(amax)).item()
         assert g <= 2688.0 / amax < 2 * g
         assert torch.frexp(torch.tensor(g)).mantissa.item() == 0.5
-    assert weight_global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
+    assert global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
 
 
-def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_checkpoint_tensors_names_shapes_and_exact_decompression(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     scales = calibrate_input_global_scales(model, tok, PROMPTS)
     assert set(scales) == {f"model.layers.{i}.{m}" for i in range(2) for m in LINEARS}
     sd = dict(iter_nvfp4_checkpoint_weights(model, scales))
@@ -83,11 +66,11 @@ def test_checkpoint_tensors_names_shapes_and_exact_decompression(tiny_dir):
     assert len(quant_keys) == 4 * 14 and len(sd) == len(hf) - 14 + 4 * 14
 
 
-def test_export_of_converted_learner_reads_master_weights(tiny_dir):
-    plain, tok = _load(tiny_dir)
+def test_export_of_converted_learner_reads_master_weights(nvfp4_tiny_qwen3):
+    plain, tok = nvfp4_tiny_qwen3()
     scales = calibrate_input_global_scales(plain, tok, PROMPTS)
     expected = dict(iter_nvfp4_checkpoint_weights(plain, scales))
-    converted, _ = _load(tiny_dir)
+    converted, _ = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(converted)
     got = dict(iter_nvfp4_checkpoint_weights(converted, scales))
     assert got.keys() == expected.keys()
@@ -97,19 +80,18 @@ def test_export_of_converted_learner_reads_master_weights(tiny_dir):
     assert calibrate_input_global_scales(converted, tok, PROMPTS).keys() == scales.keys()
 
 
-def test_export_follows_learner_selection(tiny_dir):
-    model, tok = _load(tiny_dir)
-    convert_to_nvfp4_learner(model, keep_last_blocks=1)
-    names = quantized_linear_names(model)
-    assert names == [f"model.layers.0.{m}" for m in LINEARS]
+def test_export_follows_learner_selection(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
+    selection = convert_to_nvfp4_learner(model, NVFP4Config(nvfp4_keep_last_blocks=1))
+    assert selection.nvfp4_layers == tuple(f"model.layers.0.{m}" for m in LINEARS)
     sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
     assert "model.layers.1.self_attn.q_proj.weight" in sd and "model.layers.1.self_attn.q_proj.weight_packed" not in sd
 
 
-def test_export_of_peft_model_merges_lora(tiny_dir):
+def test_export_of_peft_model_merges_lora(nvfp4_tiny_qwen3):
     from peft import LoraConfig, get_peft_model
 
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     convert_to_nvfp4_learner(model)
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
     for mod in peft_model.modules():
@@ -127,18 +109,16 @@ def test_export_of_peft_model_merges_lora(tiny_dir):
     assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
 
 
-def test_missing_scales_and_split_fused_group_raise(tiny_dir):
-    model, tok = _load(tiny_dir)
+def test_missing_scales_raise(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):
         next(iter_nvfp4_checkpoint_weights(model, {}))
-    with pytest.raises(ValueError, match="q/k/v"):
-        quantized_linear_names(model, ignore=("k_proj",))
 
 
-def test_saved_checkpoint_folder(tiny_dir, tmp_path):
+def test_saved_checkpoint_folder(nvfp4_tiny_qwen3, tmp_path):
     from compressed_tensors.quantization import QuantizationConfig
 
-    model, tok = _load(tiny_dir)
+    model, tok = nvfp4_tiny_qwen3()
     out = save_nvfp4_checkpoint(model, tok, tmp_path / "ckpt", calibrate_input_global_scales(model, tok, PROMPTS))
     assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
     config = json.loads((out / "config.json").read_text())
@@ -149,3 +129,46 @@ def test_saved_checkpoint_folder(tiny_dir, tmp_path):
     w = parsed.config_groups["group_0"].weights
     assert (w.num_bits, w.group_size, w.type) == (4, 16, "float")
     assert config["model_type"] == "qwen3"
+
+
+def test_nan_weight_raises_naming_the_layer(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
+    scales = calibrate_input_global_scales(model, tok, PROMPTS)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj holds NaN or inf"):
+        dict(iter_nvfp4_checkpoint_weights(model, scales))
+
+
+def test_four_over_six_export_decodes_to_the_learners_weights(nvfp4_tiny_qwen3):
+    model, tok = nvfp4_tiny_qwen3()
+    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_four_over_six=True)
+    selection = convert_to_nvfp4_learner(model, config)
+    assert selection.four_over_six
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    plain, _ = nvfp4_tiny_qwen3()
+    plain_sd = dict(iter_nvfp4_checkpoint_weights(plain, calibrate_input_global_scales(plain, tok, PROMPTS)))
+    changed = 0
+    for i in range(2):
+        for m in LINEARS:
+            p = f"model.layers.{i}.{m}"
+            learner_w = model.get_submodule(p).fake_quantized_weight()
+            assert torch.equal(_decompress(sd, p).view(torch.int16), learner_w.view(torch.int16)), p
+            assert torch.equal(sd[p + ".weight_global_scale"], plain_sd[p + ".weight_global_scale"])  # same format
+            changed += int(not torch.equal(sd[p + ".weight_scale"].view(torch.uint8), plain_sd[p + ".weight_scale"].view(torch.uint8)))
+    assert changed == 14  # every layer has blocks that chose 4
+
+
+def test_vllm_decodes_the_four_over_six_export_as_the_learner(nvfp4_tiny_qwen3):
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    model, tok = nvfp4_tiny_qwen3()
+    convert_to_nvfp4_learner(model, NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
+                                                nvfp4_four_over_six=True))
+    sd = dict(iter_nvfp4_checkpoint_weights(model, calibrate_input_global_scales(model, tok, PROMPTS)))
+    p = "model.layers.1.mlp.down_proj"
+    # vLLM's compressed-tensors scheme turns the stored divisor into its reciprocal, a multiplier
+    w = dequantize_to_dtype(sd[p + ".weight_packed"], sd[p + ".weight_scale"], 1.0 / sd[p + ".weight_global_scale"],
+                            torch.bfloat16, 16, swizzle=False)
+    assert torch.equal(w, model.get_submodule(p).fake_quantized_weight())

@@ -8,8 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triage_trl.nvfp4.learner import NVFP4EmulatedLinear, convert_to_nvfp4_learner, native_nvfp4_available
+from triage_trl.nvfp4.config import NVFP4Config
+from triage_trl.nvfp4.learner import (
+    NVFP4EmulatedLinear,
+    convert_to_nvfp4_learner,
+    invalidate_nvfp4_weight_caches,
+    learner_execution_summary,
+    native_nvfp4_available,
+    register_nvfp4_cache_invalidation,
+)
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
+
+SAMPLER_SCALES = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_emulation_dtype="fp32")
 
 
 def _layer(in_f=64, out_f=48, bias=True, dtype=torch.bfloat16, seed=0):
@@ -41,9 +51,10 @@ def test_emulated_gradients_straight_through():
     layer(x).backward(g)
     x_dq = nvfp4_fake_quantize_reference(x.detach())
     w_dq = nvfp4_fake_quantize_reference(layer.weight.detach())
-    torch.testing.assert_close(x.grad, g @ w_dq, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(layer.weight.grad, g.reshape(-1, 48).t() @ x_dq.reshape(-1, 64), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer.bias.grad, g.sum((0, 1)), rtol=1e-6, atol=1e-6)
+    # the straight-through products, computed by the same ops in the same order: exact
+    assert torch.equal(x.grad, g @ w_dq)
+    assert torch.equal(layer.weight.grad, g.reshape(-1, 48).t() @ x_dq.reshape(-1, 64))
+    assert torch.equal(layer.bias.grad, g.reshape(-1, 48).sum(0))
     assert layer.weight.grad.dtype == torch.float32
 
 
@@ -55,16 +66,89 @@ def test_frozen_weight_gets_no_grad():
     assert layer.weight.grad is None and x.grad is not None and x.grad.shape == x.shape
 
 
-def test_weight_cache_invalidated_by_optimizer_step():
-    layer = _layer(dtype=torch.float32)
-    first = layer.fake_quantized_weight()
-    assert layer.fake_quantized_weight() is first  # cached between steps
+def _count_weight_quantisations(monkeypatch):
+    """Count the weight re-quantisations of emulated layers (weights are quantised with an explicit scale)."""
+    from triage_trl.nvfp4 import emulated
+
+    calls = []
+    real = emulated.nvfp4_fake_quantize
+
+    def counting(x, per_tensor_scale=None, **kwargs):
+        if per_tensor_scale is not None:
+            calls.append(tuple(x.shape))
+        return real(x, per_tensor_scale, **kwargs)
+
+    monkeypatch.setattr(emulated, "nvfp4_fake_quantize", counting)
+    return calls
+
+
+def _fresh_output(layer, x):
+    return F.linear(nvfp4_fake_quantize_reference(x), nvfp4_fake_quantize_reference(layer.weight.detach()), layer.bias)
+
+
+def test_weight_cache_is_reused_until_invalidated(monkeypatch):
+    calls = _count_weight_quantisations(monkeypatch)
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    layer(x)
+    layer(x)  # a second micro-batch of the same step: the cached weight
+    assert calls == [(48, 64)]
+    assert invalidate_nvfp4_weight_caches(layer) == 1
+    layer(x)
+    layer(x)
+    assert calls == [(48, 64)] * 2
+
+
+def test_deepspeed_style_data_copy_is_fresh_after_invalidation():
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    before = layer(x)
+    version = layer.weight._version
+    layer.weight.data.copy_(torch.randn_like(layer.weight))  # DeepSpeed writes updated parameters like this
+    assert layer.weight._version == version  # no version bump: a version-keyed cache would stay stale
+    assert torch.equal(layer(x), before)  # the cache holds until told
+    invalidate_nvfp4_weight_caches(layer)
+    after = layer(x)
+    assert not torch.equal(after, before) and torch.equal(after, _fresh_output(layer, x))
+
+
+def test_fsdp2_style_in_place_refill_is_fresh_after_invalidation():
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    before = layer(x)
+    storage, version = layer.weight.untyped_storage(), layer.weight._version
+    nbytes = storage.nbytes()
+    storage.resize_(0)  # FSDP2 frees the unsharded parameter after the forward ...
+    storage.resize_(nbytes)  # ... and all-gathers into a fresh allocation before the next one
+    storage.copy_(torch.randn_like(layer.weight).untyped_storage())
+    assert layer.weight._version == version
+    invalidate_nvfp4_weight_caches(layer)
+    after = layer(x)
+    assert not torch.equal(after, before) and torch.equal(after, _fresh_output(layer, x))
+
+
+def test_optimizer_hook_and_trainer_callback_invalidate_after_a_step():
+    from triage_trl.nvfp4.callbacks import NVFP4WeightCacheCallback
+
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
     opt = torch.optim.SGD(layer.parameters(), lr=0.5)
-    layer(torch.randn(4, 64)).sum().backward()
+    handle = register_nvfp4_cache_invalidation(opt, layer)
+    first = layer.fake_quantized_weight()
+    layer(x).sum().backward()
     opt.step()
-    second = layer.fake_quantized_weight()
-    assert second is not first
-    assert torch.equal(second, nvfp4_fake_quantize_reference(layer.weight.detach()))
+    assert torch.equal(layer(x), _fresh_output(layer, x)) and layer.fake_quantized_weight() is not first
+    handle.remove()
+    generation = layer.weight_generation.value
+    NVFP4WeightCacheCallback().on_optimizer_step(None, None, None, model=layer)
+    assert layer.weight_generation.value == generation + 1
+
+
+def test_disabled_weight_cache_keeps_no_copy_and_requantises_every_forward(monkeypatch):
+    calls = _count_weight_quantisations(monkeypatch)
+    torch.manual_seed(0)
+    layer = NVFP4EmulatedLinear.from_linear(nn.Linear(64, 48), cache_weights=False)
+    x = torch.randn(4, 64)
+    layer(x)
+    layer.weight.data.copy_(torch.randn_like(layer.weight))
+    assert torch.equal(layer(x), _fresh_output(layer, x))  # fresh without any invalidation
+    assert len(calls) == 2 and layer._weight_dq is None
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +167,20 @@ def _load(path):
 def test_convert_selects_decoder_linears_only(tiny_model_dir):
     model = _load(tiny_model_dir)
     weight_ids = {n: id(p) for n, p in model.named_parameters()}
-    report = convert_to_nvfp4_learner(model, keep_first_blocks=1, keep_last_blocks=1, exclude_patterns=("down_proj",))
-    assert report.summary() == {"nvfp4/native": 0, "nvfp4/emulated": 6, "nvfp4/kept_bf16": 7 * 2 + 1 + 1}
-    assert report.names("emulated") == [
+    config = NVFP4Config(nvfp4_keep_first_blocks=1, nvfp4_keep_last_blocks=1, nvfp4_exclude_patterns=["down_proj"])
+    selection = convert_to_nvfp4_learner(model, config)
+    assert selection.summary() == {"nvfp4/layers_nvfp4": 6, "nvfp4/layers_bf16": 7 * 2 + 1 + 1}
+    assert learner_execution_summary(model) == {"nvfp4/native": 0, "nvfp4/emulated": 6, "nvfp4/kept_bf16": 16}
+    assert selection.nvfp4_layers == tuple(
         f"model.layers.1.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")
-    ]
-    assert report.layers["lm_head"].path == "kept-bf16"
-    assert report.layers["model.layers.1.mlp.down_proj"].reason == "matches exclude_patterns"
+    )
+    assert selection.choice("lm_head").reason == "outside the decoder blocks"
+    assert selection.choice("model.layers.1.mlp.down_proj").reason == "matches nvfp4_exclude_patterns 'down_proj'"
     assert type(model.lm_head) is nn.Linear and type(model.model.layers[0].mlp.up_proj) is nn.Linear
     assert isinstance(model.model.layers[1].mlp.up_proj, NVFP4EmulatedLinear)
     assert {n: id(p) for n, p in model.named_parameters()} == weight_ids  # master weights shared
-    assert "nvfp4/emulated=6" in str(report)
+    assert str(selection).startswith("NVFP4 layers (nvfp4_recipe='all', nvfp4_keep_first_blocks=1,")
+    assert "6 NVFP4, 16 bf16" in str(selection)
 
 
 def test_convert_keeps_misaligned_layers_with_one_warning(caplog):
@@ -110,11 +197,12 @@ def test_convert_keeps_misaligned_layers_with_one_warning(caplog):
             self.layers = nn.ModuleList([Block()])
 
     model = Tiny()
-    with caplog.at_level(logging.WARNING, logger="triage_trl.nvfp4.learner"):
-        report = convert_to_nvfp4_learner(model)
+    with caplog.at_level(logging.WARNING, logger="triage_trl.nvfp4.selection"):
+        selection = convert_to_nvfp4_learner(model)
     assert [r for r in caplog.records if "not multiples of 16" in r.getMessage()].__len__() == 1
-    assert report.layers["layers.0.a"].path == "kept-bf16" and report.layers["layers.0.b"].path == "kept-bf16"
-    assert report.layers["layers.0.c"].path == "emulated"
+    assert selection.choice("layers.0.a").reason == "32x24 not multiples of 16"
+    assert not selection.is_nvfp4("layers.0.b") and selection.is_nvfp4("layers.0.c")
+    assert type(model.layers[0].a) is nn.Linear and isinstance(model.layers[0].c, NVFP4EmulatedLinear)
 
 
 @pytest.mark.skipif(native_nvfp4_available()[0], reason="this machine has an sm100 GPU; the error is for machines without")
@@ -166,8 +254,7 @@ def test_convert_under_existing_peft_wrapper(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(_load(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"]))
-    report = convert_to_nvfp4_learner(peft_model)
-    assert report.layers["model.layers.0.self_attn.q_proj"].path == "emulated"
+    assert convert_to_nvfp4_learner(peft_model).is_nvfp4("model.layers.0.self_attn.q_proj")
     q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj.base_layer, NVFP4EmulatedLinear)
     ids = torch.arange(2, 14).reshape(1, 12)
@@ -196,10 +283,10 @@ def test_bf16_gemm_equals_bf16_matmul_of_dequantised_operands():
 def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_model_dir):
     from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
-    from triage_trl.nvfp4.quantize import nvfp4_fake_quantize
+    from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
     model = _load(tiny_model_dir).float()
-    convert_to_nvfp4_learner(model, scales="sampler")
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
     attn = model.model.layers[1].self_attn
     scales = {name: torch.tensor(100.0 + i) for i, (name, m) in enumerate(model.named_modules())
               if isinstance(m, NVFP4EmulatedLinear)}
@@ -214,10 +301,10 @@ def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_mo
         assert torch.equal(layer.weight_per_tensor_scale().reshape(1), 1.0 / global_scale)
         assert torch.equal(layer.fake_quantized_weight(),
                            nvfp4_fake_quantize_reference(layer.weight.detach(), 1.0 / global_scale))
-    # Activations use the static scale given (a divisor), not their own amax.
+    # Activations use the static scale given (a divisor) with the sampler's (vLLM's) rule, not their own amax.
     q = attn.q_proj
     x = torch.randn(3, q.in_features)
-    expected = F.linear(nvfp4_fake_quantize(x, 1.0 / q.input_global_scale), q.fake_quantized_weight(), q.bias)
+    expected = F.linear(nvfp4_fake_quantize_vllm(x, q.input_global_scale), q.fake_quantized_weight(), q.bias)
     assert torch.equal(q(x), expected)
     assert not torch.equal(q(x), F.linear(nvfp4_fake_quantize(x), q.fake_quantized_weight(), q.bias))
 
@@ -226,8 +313,27 @@ def test_set_sampler_input_scales_names_a_missing_layer(tiny_model_dir):
     from triage_trl.nvfp4.learner import set_sampler_input_scales
 
     model = _load(tiny_model_dir)
-    convert_to_nvfp4_learner(model, scales="sampler")
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):
         set_sampler_input_scales(model, {})
-    with pytest.raises(ValueError, match="scales must be one of"):
-        convert_to_nvfp4_learner(_load(tiny_model_dir), scales="static")
+    with pytest.raises(ValueError, match="nvfp4_learner_scales='static' is invalid"):
+        convert_to_nvfp4_learner(_load(tiny_model_dir), NVFP4Config(nvfp4_learner_scales="static"))
+
+
+def test_nan_weight_raises_naming_the_layer(tiny_model_dir):
+    for config in (None, SAMPLER_SCALES):
+        model = _load(tiny_model_dir)
+        convert_to_nvfp4_learner(model, config)
+        with torch.no_grad():
+            model.model.layers[2].self_attn.k_proj.weight[0, 0] = float("inf")
+        with pytest.raises(ValueError, match=r"model\.layers\.2\.self_attn\.(q|k)_proj.*NaN or inf"):
+            model(input_ids=torch.arange(1, 9).reshape(1, 8))
+
+
+def test_converted_model_shares_one_weight_generation(tiny_model_dir):
+    model = _load(tiny_model_dir)
+    convert_to_nvfp4_learner(model, NVFP4Config(nvfp4_weight_cache=False))
+    layers = [m for m in model.modules() if isinstance(m, NVFP4EmulatedLinear)]
+    assert len(layers) == 14 * 3 // 2 and len({id(m.weight_generation) for m in layers}) == 1
+    assert not any(m.cache_weights for m in layers)
+    assert invalidate_nvfp4_weight_caches(model) == 21 and layers[0].weight_generation.value == 1

@@ -4,6 +4,7 @@ against torchao's ``NVFP4Tensor.to_nvfp4(...).dequantize()``."""
 import pytest
 import torch
 
+from triage_trl.nvfp4 import numerics as nx
 from triage_trl.nvfp4 import quantize as q
 
 
@@ -13,7 +14,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_e2m1_grid_codes_and_packing():
-    grid = torch.tensor(q.E2M1_GRID)
+    grid = torch.tensor(nx.E2M1_GRID)
     x = torch.cat([grid, -grid]).reshape(1, 16)  # amax 6 -> block scale 1 with per-tensor scale 1
     qt = q.nvfp4_quantize(x, torch.tensor(1.0))
     # codes 0..15 in element order, element 2j in the low nibble (compressed-tensors' packing)
@@ -39,7 +40,7 @@ def test_block_and_tensor_scales_by_hand():
     x[0, 0] = 2688.0
     x[0, 16] = 1.0
     x[0, 17] = 0.5
-    assert q.dynamic_per_tensor_scale(x).item() == 1.0
+    assert nx.dynamic_per_tensor_scale(x).item() == 1.0
     qt = q.nvfp4_quantize(x)
     assert qt.per_tensor_scale.item() == 1.0
     assert qt.scale.float().tolist() == [[448.0, 0.171875]]
@@ -60,7 +61,7 @@ def test_given_per_tensor_scale_scales_block_scales():
 
 def test_all_zero_tensor_decodes_to_zero():
     x = torch.zeros(4, 32, dtype=torch.bfloat16)
-    assert q.dynamic_per_tensor_scale(x).item() == 1.0
+    assert nx.dynamic_per_tensor_scale(x).item() == 1.0
     assert torch.equal(q.nvfp4_fake_quantize(x), x)
     assert torch.equal(q.nvfp4_fake_quantize_reference(x), x)
 
@@ -76,7 +77,7 @@ def test_fast_path_bit_exact_vs_torchao(dtype, shape):
     fast = q.nvfp4_fake_quantize(x)
     assert fast.shape == x.shape and fast.dtype == dtype
     assert torch.equal(_bits(fast), _bits(ref))
-    pts = q.dynamic_per_tensor_scale(x) * 1.37
+    pts = nx.dynamic_per_tensor_scale(x) * 1.37
     assert torch.equal(_bits(q.nvfp4_fake_quantize(x, pts)), _bits(q.nvfp4_fake_quantize_reference(x, pts)))
 
 
@@ -91,11 +92,86 @@ def test_fast_path_is_compiled_here():
     assert q.compile_available(), "torch.compile failed on this machine; the fast path fell back"
 
 
-def test_bad_inputs_raise():
+def test_bad_inputs_raise_and_switch_nothing_off():
     with pytest.raises(ValueError, match="multiple of 16"):
         q.nvfp4_fake_quantize(torch.randn(4, 24))
     with pytest.raises(TypeError, match="bfloat16 or float32"):
         q.nvfp4_fake_quantize(torch.randn(4, 16).half())
+    assert q.compile_failures() == {}
+
+
+def test_empty_input_returns_empty_and_keeps_the_compiled_path():
+    for fn in (q.nvfp4_fake_quantize, q.nvfp4_fake_quantize_reference, lambda x: q.nvfp4_fake_quantize_vllm(x, torch.tensor(1.0))):
+        out = fn(torch.zeros(0, 32))
+        assert out.shape == (0, 32) and out.dtype == torch.float32
+    assert q.compile_failures() == {} and q.compile_available()
+    x = torch.randn(4, 32)
+    assert torch.equal(q.nvfp4_fake_quantize(x), q.nvfp4_fake_quantize_reference(x))
+
+
+def test_compiled_and_eager_paths_give_the_same_bits():
+    x = (torch.randn(16, 64, generator=torch.Generator().manual_seed(5)) ** 3).bfloat16()
+    assert torch.equal(_bits(q.nvfp4_fake_quantize(x, compiled=False)), _bits(q.nvfp4_fake_quantize(x)))
+    gs = torch.tensor(448 * 6 / 3.0)
+    assert torch.equal(_bits(q.nvfp4_fake_quantize_vllm(x, gs, compiled=False)), _bits(q.nvfp4_fake_quantize_vllm(x, gs)))
+
+
+def test_only_a_real_compile_failure_switches_a_kernel_to_eager(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(q, "_compiled", {})
+    monkeypatch.setattr(q, "_failed", {})
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with pytest.raises(ValueError, match="multiple of 16"):  # bad input is refused before any kernel runs
+        q.nvfp4_fake_quantize(torch.randn(2, 24))
+    assert q.compile_failures() == {}
+    x = torch.randn(3, 32)
+    assert torch.equal(q.nvfp4_fake_quantize(x), q.nvfp4_fake_quantize_reference(x))  # eager result, same bits
+    assert list(q.compile_failures()) == [("quant_dequant_torchao_dynamic", "cpu")]
+    assert "no C++ compiler" in q.compile_failures()[("quant_dequant_torchao_dynamic", "cpu")]
+    assert not q.compile_available("cpu") and q.compile_available("cuda")
+
+
+def test_e2m1_rounding_is_torchaos_on_every_tie_and_between():
+    from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, f4_unpacked_to_f32
+
+    grid = torch.tensor(nx.E2M1_GRID)
+    ties = (grid[1:] + grid[:-1]) / 2
+    y = torch.cat([grid, ties, torch.linspace(0, 6, 10_001), torch.nextafter(ties, torch.tensor(0.0)),
+                   torch.nextafter(ties, torch.tensor(7.0))])
+    y = torch.cat([y, -y])
+    torchao = f4_unpacked_to_f32(f32_to_f4_unpacked(y))
+    assert torch.equal(_bits(nx.round_to_e2m1(y)), _bits(torchao))  # sign of zero included
+
+
+def test_e2m1_codes_of_the_export_are_torchaos():
+    x = (torch.randn(32, 64, generator=torch.Generator().manual_seed(2)) ** 3).bfloat16()
+    pts = torch.tensor(2.0**-9)
+    values, block_scale = nx.quantize_torchao(x, pts)
+    reference = q.nvfp4_quantize(x, pts)
+    assert torch.equal(nx.encode_e2m1(values.reshape(x.shape)), reference.qdata.view(torch.uint8))
+    assert torch.equal(block_scale.to(torch.float8_e4m3fn).view(torch.uint8), reference.scale.view(torch.uint8))
+
+
+def test_scale_rules_are_torchaos_and_compressed_tensors():
+    from compressed_tensors.quantization.utils import generate_gparam
+    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+
+    for amax in (1e-30, 0.013, 0.5, 1.0, 3.7, 2688.0, 1e4, 3e30):
+        a = torch.tensor(amax)
+        assert torch.equal(nx.per_tensor_scale_from_amax(a), per_tensor_amax_to_scale(a))
+        ideal = generate_gparam(torch.zeros(1), a.reshape(1)).item()
+        assert ideal == (2688.0 / a).item()  # compressed-tensors' divisor, the float32 division
+        g = nx.global_scale_from_amax(a).item()
+        assert g <= ideal < 2 * g and torch.frexp(torch.tensor(g)).mantissa.item() == 0.5
+    assert nx.per_tensor_scale_from_amax(torch.tensor(0.0)).item() == 1.0
+    assert nx.global_scale_from_amax(torch.tensor(0.0)).item() == 1.0
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="layer 7 holds NaN or inf"):
+            nx.global_scale_from_amax(torch.tensor(bad), "layer 7")
 
 
 @pytest.mark.gpu
@@ -108,3 +184,27 @@ def test_cuda_fast_path_bit_exact_vs_torchao_and_cpu(dtype):
     assert fast.is_cuda
     assert torch.equal(_bits(fast), _bits(q.nvfp4_fake_quantize_reference(x.cuda())))
     assert torch.equal(_bits(fast.cpu()), _bits(cpu))
+
+
+def test_four_over_six_picks_the_block_scale_with_less_error():
+    pts = torch.tensor(1.0)
+    # block 0: 5 sits between 4 and 6 on the plain grid (error 1); mapping the max to 4 (scale 1.5) gives 4.5
+    # block 1: 1 is exact with scale 1; with scale 1.5 it would round to 0.75
+    x = torch.tensor([[6.0] + [5.0] * 15 + [6.0] + [1.0] * 15])
+    plain = torch.tensor([[6.0] + [4.0] * 15 + [6.0] + [1.0] * 15])
+    chosen = torch.tensor([[6.0] + [4.5] * 15 + [6.0] + [1.0] * 15])
+    assert torch.equal(q.nvfp4_fake_quantize(x, pts), plain)
+    assert torch.equal(q.nvfp4_fake_quantize(x, pts, four_over_six=True), chosen)
+    values, scale = nx.quantize_torchao(x, pts, four_over_six=True)
+    assert scale.tolist() == [[1.5, 1.0]] and values.abs().max().item() == 6.0
+
+
+def test_four_over_six_never_increases_a_blocks_error():
+    # float32: the decoded values are compared exactly as the rule compares them (no output rounding)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(4)) ** 3
+    pts = nx.dynamic_per_tensor_scale(x)
+    err = {flag: (q.nvfp4_fake_quantize(x, pts, four_over_six=flag) - x).reshape(64, 16, 16).square().sum(-1)
+           for flag in (False, True)}
+    assert bool((err[True] <= err[False]).all()) and err[True].sum() < err[False].sum()
+    assert torch.equal(_bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True, compiled=False)),
+                       _bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True)))

@@ -12,11 +12,9 @@ from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import 
 )
 from vllm.platforms import current_platform  # noqa: E402
 
-from triage_trl.sampler.cpu_kernel import (  # noqa: E402
-    FastCpuNvFp4LinearKernel,
-    _round_to_e4m3,
-    nvfp4_quant_dequant_activations,
-)
+from nvfp4_bounds import gemm_rounding_bound  # noqa: E402
+from triage_trl.nvfp4.numerics import round_to_e4m3  # noqa: E402
+from triage_trl.sampler.cpu_kernel import FastCpuNvFp4LinearKernel, nvfp4_quant_dequant_activations  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not current_platform.is_cpu(), reason="the fast NVFP4 kernel is the CPU platform's")
 
@@ -46,12 +44,18 @@ def _activations(shape, seed, dtype=torch.bfloat16) -> torch.Tensor:
     return x
 
 
+def _assert_within_gemm_rounding(y1, y2, x_dq, w_dq):
+    diff = (y1.float() - y2.float()).abs()
+    bound = gemm_rounding_bound(x_dq, w_dq, y1, y2)
+    assert bool((diff <= bound).all()), f"max excess {(diff - bound).max().item():.3g}"
+
+
 def test_integer_e4m3_rounding_equals_torch_fp8_cast():
     codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # every finite value >= 0
     midpoints = (codes[1:] + codes[:-1]) / 2  # the round-to-nearest-even ties
     g = torch.Generator().manual_seed(0)
     s = torch.cat([codes, midpoints, torch.rand(200_000, generator=g) * 448, torch.rand(100_000, generator=g) * 2**-5])
-    assert torch.equal(_round_to_e4m3(s), s.to(torch.float8_e4m3fn).float())
+    assert torch.equal(round_to_e4m3(s), s.to(torch.float8_e4m3fn).float())
 
 
 @pytest.mark.parametrize("m,k", [(1, 16), (7, 128), (33, 576), (300, 1536)])
@@ -86,11 +90,8 @@ def test_activation_quant_dequant_rejects_bad_shapes():
 @pytest.mark.parametrize("out_features,in_features", [(64, 128), (1536, 576), (576, 1536)])
 @pytest.mark.parametrize("x_shape", [(1,), (5,), (37,), (2, 9)])
 def test_fast_kernel_matches_emulation_kernel(out_features, in_features, x_shape):
-    """Same W4A4 numbers: weights and activations bit-identical, the GEMM may round differently.
-
-    Tolerance: the two bf16 GEMMs accumulate in fp32 in different orders and round once to bf16, so elements may
-    differ by one bf16 rounding of the output: |fast - emu| <= 2**-7 * |emu| + 1e-3 * max|emu|.
-    """
+    """Same W4A4 numbers: weights and activations bit-identical (asserted), the GEMM may round differently: the two
+    bf16 GEMMs accumulate in fp32 in different orders and round once to bf16 (``gemm_rounding_bound``)."""
     layer = _random_nvfp4_layer(out_features, in_features, seed=out_features)
     bias = torch.randn(out_features).to(torch.bfloat16)
     fast = FastCpuNvFp4LinearKernel(NvFp4LinearLayerConfig())
@@ -98,13 +99,15 @@ def test_fast_kernel_matches_emulation_kernel(out_features, in_features, x_shape
     fast.process_weights_after_loading(layer)
     emu.process_weights_after_loading(layer)
     x = _activations((*x_shape, in_features), seed=len(x_shape) + in_features)
-    out_fast = fast.apply_weights(layer, x, bias)
-    out_emu = emu.apply_weights(layer, x.reshape(-1, in_features), bias).reshape(*x_shape, out_features)
+    out_fast = fast.apply_weights(layer, x)
+    out_emu = emu.apply_weights(layer, x.reshape(-1, in_features)).reshape(*x_shape, out_features)
+    assert torch.equal(fast.apply_weights(layer, x, bias), out_fast + bias)
     assert out_fast.shape == out_emu.shape == (*x_shape, out_features)
     assert out_fast.dtype == torch.bfloat16
-    diff = (out_fast.float() - out_emu.float()).abs()
-    bound = 2**-7 * out_emu.float().abs() + 1e-3 * out_emu.float().abs().max()
-    assert bool((diff <= bound).all()), f"max diff {diff.max().item()}"
+    x2d = x.reshape(-1, in_features)
+    x_dq, w_dq = ref_nvfp4_quant_dequant(x2d, layer.input_global_scale_inv, 16), layer.nvfp4_dequantised.weight
+    assert torch.equal(nvfp4_quant_dequant_activations(x2d, layer.input_global_scale_inv), x_dq)
+    _assert_within_gemm_rounding(out_fast.reshape(-1, out_features), out_emu.reshape(-1, out_features), x_dq, w_dq)
 
 
 def test_fast_kernel_refreshes_cache_when_weights_are_processed_again():
@@ -120,8 +123,8 @@ def test_fast_kernel_refreshes_cache_when_weights_are_processed_again():
     emu = EmulationNvFp4LinearKernel(NvFp4LinearLayerConfig())
     expected = emu.apply_weights(layer, x)
     assert not torch.equal(after, before)
-    diff = (after.float() - expected.float()).abs()
-    assert bool((diff <= 2**-7 * expected.float().abs() + 1e-3 * expected.float().abs().max()).all())
+    x_dq = ref_nvfp4_quant_dequant(x, layer.input_global_scale_inv, 16)
+    _assert_within_gemm_rounding(after, expected, x_dq, layer.nvfp4_dequantised.weight)
 
 
 def test_fast_kernel_refuses_mismatched_activation_dtype():

@@ -461,10 +461,10 @@ def test_nvfp4_learner_trains_and_logs_its_layers(tmp_path, tiny_qwen3_dir, fake
                        max_steps=1, learning_rate=1e-4)
     converted = [m for m in trainer.model.modules() if isinstance(m, NVFP4EmulatedLinear)]
     assert len(converted) == 14  # 2 blocks x (q, k, v, o, gate, up, down)
-    assert trainer.nvfp4_learner_report.summary()["nvfp4/emulated"] == 14
+    assert trainer.nvfp4_learner_report.summary()["nvfp4/layers_nvfp4"] == 14
     trainer.train()
     first = next(h for h in trainer.state.log_history if "triage/gap_abs_mean" in h)
-    assert first["nvfp4/emulated"] == 14.0 and first["nvfp4/kept_bf16"] == 1.0  # lm_head
+    assert first["nvfp4/emulated"] == 14.0 and first["nvfp4/kept_bf16"] == 1.0 and first["nvfp4/layers_bf16"] == 1.0
     # bf16 stand-in sampler vs NVFP4 learner: the gap is the W4A4 quantisation mismatch, under the 0.5 default.
     assert 1e-4 < trainer.sync_probe_gaps[0] < 0.5
     assert "emulated=14" in trainer.kernel_report()["learner"]
@@ -518,5 +518,5 @@ def test_user_args_are_unchanged_by_construction(tmp_path, tiny_qwen3_dir, fake_
     trainer = TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset())
     assert trainer.args is args and args.to_dict() == before
     assert args.model_init_kwargs == init_kwargs and args.model_init_kwargs  # not cleared (the old loader did)
-    assert trainer.nvfp4_learner_report.summary()["nvfp4/emulated"] == 14
+    assert trainer.nvfp4_learner_report.summary()["nvfp4/layers_nvfp4"] == 14
     assert {p.device.type for p in trainer.model.parameters()} == {trainer.accelerator.device.type}

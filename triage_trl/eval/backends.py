@@ -150,10 +150,11 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.kernel_report = {"platform": self.device, "precision": precision, "dtype": "bfloat16"}
         if precision == "nvfp4":
-            from ..nvfp4.learner import convert_to_nvfp4_learner
+            from ..nvfp4.learner import convert_to_nvfp4_learner, learner_execution_summary
 
-            report = convert_to_nvfp4_learner(self.model)
-            self.kernel_report["linear_kernels"] = ", ".join(f"{k}={v}" for k, v in report.summary().items())
+            convert_to_nvfp4_learner(self.model)
+            counts = learner_execution_summary(self.model)
+            self.kernel_report["linear_kernels"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token: set tokenizer.pad_token.")

@@ -7,8 +7,11 @@ engines cannot be configured apart. What each setting means numerically is in ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+from .recipes import RECIPES, Recipe
 
 Precision = Literal["bf16", "nvfp4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -36,6 +39,15 @@ class NVFP4Config:
         metadata={
             "help": "Colocated vLLM sampler precision: `bf16`, or `nvfp4` (served from a compressed-tensors NVFP4 "
             "checkpoint, re-quantised from the learner after every optimizer step)."
+        },
+    )
+    nvfp4_recipe: Recipe = field(
+        default="all",
+        metadata={
+            "help": "Which decoder linear layers stay in bf16 in NVFP4 runs (learner and sampler), as a named preset: "
+            "`all` (every decoder linear in NVFP4), `no_qkv` (attention q/k/v in bf16), `paper` (what published NVFP4 "
+            "RL keeps in bf16: all of attention, the first 4 and the last 15 percent of the blocks; the MLP of the "
+            "others in NVFP4). The keep/exclude settings below apply on top. See docs/nvfp4.md."
         },
     )
     nvfp4_keep_first_blocks: int = field(
@@ -70,6 +82,30 @@ class NVFP4Config:
             "exact for the dequantised operands with power-of-two scales) or `fp32`."
         },
     )
+    nvfp4_four_over_six: bool = field(
+        default=False,
+        metadata={
+            "help": "'4 over 6' weight block scales (learner and sampler alike): per 16-element block, map the block "
+            "maximum to 4 instead of 6 where that quantises the block with less squared error. Same checkpoint "
+            "format (vLLM decodes it unchanged); the emulated learner only (torchao's native kernels cannot). See "
+            "docs/nvfp4.md for what it gains."
+        },
+    )
+    nvfp4_compile: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the emulated NVFP4 learner's fake-quantisers through torch.compile (same bits as eager, about "
+            "10x faster). Only a real compile failure switches a kernel to eager, with a warning."
+        },
+    )
+    nvfp4_weight_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep each emulated NVFP4 learner layer's fake-quantised weight between optimizer steps (one extra "
+            "weight copy per layer; re-quantised after each step). Turn off under FSDP2, where the copy would be a "
+            "full unsharded weight per layer on every rank."
+        },
+    )
     nvfp4_recalibrate_every_sync: bool = field(
         default=False,
         metadata={
@@ -91,9 +127,11 @@ class NVFP4Config:
         """
         for name in ("learner_precision", "sampler_precision"):
             _choice(name, getattr(self, name), PRECISIONS)
+        _choice("nvfp4_recipe", self.nvfp4_recipe, RECIPES)
         for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
             _integer_at_least(name, getattr(self, name), 0)
         _integer_at_least("nvfp4_calibration_prompts", self.nvfp4_calibration_prompts, 1)
+        _regexes("nvfp4_exclude_patterns", self.nvfp4_exclude_patterns)
         if self.nvfp4_learner_scales is not None:
             _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
         _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
@@ -131,3 +169,15 @@ def _choice(name, value, allowed) -> None:
 def _integer_at_least(name, value, lo) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")
+
+
+def _regexes(name, patterns) -> None:
+    if patterns is None:
+        return
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(f"{name}={patterns!r} is invalid: give a list of regular expressions (strings).")
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as err:
+            raise ValueError(f"{name}: {p!r} is not a valid regular expression ({err}).") from None

@@ -6,17 +6,16 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
 * ``<p>.weight_packed``        uint8 [out, in/2]: E2M1 codes, element 2j in the low nibble;
 * ``<p>.weight_scale``         float8_e4m3fn [out, in/16]: block scales;
 * ``<p>.weight_global_scale``  float32 [1]: a *divisor*, ``w = e2m1 * weight_scale / global``;
-* ``<p>.input_global_scale``   float32 [1]: divisor for the activations, ``448 * 6 / amax(x)``
-  from a calibration pass (vLLM quantises activations with this static scale);
+* ``<p>.input_global_scale``   float32 [1]: divisor for the activations, from ``calibrate_input_global_scales``
+  (``triage_trl.nvfp4.calibration``; vLLM quantises activations with this static scale);
 * ``<p>.bias`` when present. Every other parameter (embeddings, norms, ``lm_head``) is exported
   unchanged. vLLM fuses q/k/v and gate/up, so those share both global scales (max amax).
 
-Weight global scale: we round ``448 * 6 / amax(W)`` *down to a power of two*. Then
-``1 / global`` is exact, so vLLM (``e2m1 * (scale * (1/global))``), compressed-tensors
-(``e2m1 * (scale / global)``) and torchao (``e2m1 * (per_tensor_scale * scale)`` with
-``per_tensor_scale = 1/global``) decode bit-identical weights; block scales still reach
-(224, 448] for the largest block, so E4M3 precision is unchanged. The codes and block scales are
-torchao's ``NVFP4Tensor.to_nvfp4`` output.
+Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``448 * 6 / amax`` rounded down to a
+power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
+The codes and block scales are torchao's quantisation (``numerics.quantize_torchao``, bit-identical to
+``NVFP4Tensor.to_nvfp4``; its "4 over 6" block scales when the selection's ``four_over_six`` says so, the learner's
+rule too), packed with torchao's helpers (``numerics.encode_e2m1``).
 
 Master weights are read from the model as it is: a plain transformers model, one converted by
 ``convert_to_nvfp4_learner`` (its high-precision master weights, not the fake-quantised copy),
@@ -26,262 +25,155 @@ or a ``peft`` model (base weight plus active LoRA deltas, merged in float32).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .modules import (
-    base_linear,
-    block_index,
-    fused_group,
-    hf_model,
-    iter_logical_linears,
-    merged_weight,
-)
-from .quantize import BLOCK_SIZE, F4_E2M1_MAX, F8E4M3_MAX, nvfp4_quantize
+from ..model_blocks import export_units, fsdp_owners, materialized
+from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
+from .calibration import calibrate_input_global_scales
+from .numerics import check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
 __all__ = [
     "calibrate_input_global_scales",
-    "input_global_scale_from_amax",
+    "iter_checkpoint_weights",
     "iter_nvfp4_checkpoint_weights",
     "nvfp4_quantization_config",
-    "quantized_linear_names",
     "save_nvfp4_checkpoint",
-    "weight_global_scale_from_amax",
 ]
 
-_FP4_RANGE = F8E4M3_MAX * F4_E2M1_MAX  # 2688
-
-
-def input_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """vLLM's activation global scale (a divisor): ``448 * 6 / amax``, 0-dim float32; 1 if amax=0."""
-    amax = amax.detach().float().reshape(())
-    return torch.where(amax > 0, _FP4_RANGE / amax, torch.ones_like(amax))
-
-
-def weight_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """Weight global scale (a divisor): ``448 * 6 / amax`` rounded down to a power of two.
-
-    0-dim float32; 1 if amax=0. The power of two makes every NVFP4 decoder agree bit for bit
-    (see the module docstring).
-    """
-    ideal = input_global_scale_from_amax(amax)
-    _, exponent = torch.frexp(ideal)  # ideal = m * 2**e, m in [0.5, 1)
-    return torch.ldexp(torch.ones_like(ideal), exponent - 1)
-
-
-def _learner_path(module: nn.Module) -> str | None:
-    return getattr(base_linear(module), "nvfp4_learner_path", None)
-
-
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(re.search(p, name) for p in patterns)
-
-
-def quantized_linear_names(model: nn.Module, *, ignore: Sequence[str] = ("lm_head",)) -> list[str]:
-    """Hugging Face names of the linears the NVFP4 checkpoint quantises.
-
-    If ``model`` went through ``convert_to_nvfp4_learner``, exactly the layers the learner runs in
-    NVFP4 (so sampler and learner agree); otherwise every decoder-block linear whose in/out
-    features are multiples of 16. Names matching a regex in ``ignore`` are never quantised, nor are
-    embeddings or layers outside the decoder blocks.
-
-    Raises:
-        ValueError: a vLLM-fused group (q/k/v, gate/up) would be partly quantised.
-    """
-    linears = list(iter_logical_linears(model))
-    converted = any(_learner_path(m) in ("native", "emulated") for _, m in linears)
-    chosen = []
-    for name, module in linears:
-        lin = base_linear(module)
-        if converted:
-            ok = _learner_path(module) in ("native", "emulated")
-        else:
-            ok = (
-                block_index(name) is not None
-                and lin.in_features % BLOCK_SIZE == 0
-                and lin.out_features % BLOCK_SIZE == 0
-            )
-        if ok and not _matches(name, ignore):
-            chosen.append(name)
-    groups: dict[str, set[bool]] = {}
-    chosen_set = set(chosen)
-    for name, _ in linears:
-        groups.setdefault(fused_group(name), set()).add(name in chosen_set)
-    mixed = sorted(g for g, states in groups.items() if len(states) > 1)
-    if mixed:
-        raise ValueError(
-            f"vLLM fuses these projections but only some of them would be NVFP4: {mixed}. Quantise or "
-            "exclude q/k/v (and gate/up) together (convert_to_nvfp4_learner exclude_patterns / ignore)."
-        )
-    return chosen
-
-
 @torch.no_grad()
-def calibrate_input_global_scales(
+def iter_checkpoint_weights(
     model: nn.Module,
-    tokenizer,
-    prompts: Sequence[str],
     *,
-    max_length: int = 256,
-) -> dict[str, torch.Tensor]:
-    """Activation global scales for every decoder linear, from one forward pass per prompt.
-
-    Forward hooks record ``amax(|x|)`` of each decoder-block linear's input over all prompts
-    (each truncated to ``max_length`` tokens, no padding); vLLM-fused siblings (q/k/v, gate/up)
-    then take their group's maximum.
-
-    Returns:
-        ``{hf_linear_name: 0-dim float32}`` in vLLM's divisor convention, ``448 * 6 / amax``
-        (``input_global_scale_from_amax``).
-
-    Raises:
-        ValueError: ``prompts`` is empty.
-    """
-    if not prompts:
-        raise ValueError("calibrate_input_global_scales needs at least one prompt.")
-    amax: dict[str, torch.Tensor] = {}
-    handles = []
-
-    def make_hook(name):
-        def hook(_module, args):
-            x = args[0].detach()
-            value = x.abs().amax().float()
-            amax[name] = torch.maximum(amax[name], value) if name in amax else value
-
-        return hook
-
-    for name, module in iter_logical_linears(model):
-        if block_index(name) is not None:
-            handles.append(module.register_forward_pre_hook(make_hook(name)))
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        for prompt in prompts:
-            ids = tokenizer(prompt, return_tensors="pt", truncation=True, max_length=max_length)["input_ids"]
-            model(input_ids=ids.to(device))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    group_amax: dict[str, torch.Tensor] = {}
-    for name, value in amax.items():
-        g = fused_group(name)
-        group_amax[g] = torch.maximum(group_amax[g], value) if g in group_amax else value
-    return {name: input_global_scale_from_amax(group_amax[fused_group(name)].cpu()) for name in amax}
-
-
-@torch.no_grad()
-def iter_nvfp4_checkpoint_weights(
-    model: nn.Module,
-    input_global_scales: dict[str, torch.Tensor],
-    *,
-    ignore: Sequence[str] = ("lm_head",),
+    selection: NVFP4LayerSelection | None = None,
+    input_global_scales: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Checkpoint-format ``(name, tensor)`` pairs of ``model`` as an NVFP4 compressed-tensors model.
+    """Checkpoint-format ``(name, tensor)`` pairs of ``model``, one export unit made whole at a time
+    (``triage_trl.model_blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
 
-    Feed them, all in one call, to vLLM's
-    ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`` or to
-    ``save_nvfp4_checkpoint``. Names are Hugging Face checkpoint names (PEFT prefixes and
-    ``base_layer`` removed); tied weights are yielded once (under their first name).
+    Feed them, all in one call, to vLLM's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` or to a
+    checkpoint writer. Names are Hugging Face checkpoint names (PEFT prefixes and ``base_layer`` removed; active LoRA
+    deltas merged in float32); tied weights are yielded once, under their first name. Gathers are collectives: every
+    rank must consume the iterator completely.
 
     Args:
-        model: transformers causal LM, possibly converted by ``convert_to_nvfp4_learner`` or
-            wrapped by ``peft``.
-        input_global_scales: ``{hf_linear_name: scalar}`` from ``calibrate_input_global_scales``;
-            fused siblings are reduced to their group's smallest scale (largest amax).
-        ignore: regexes of linear names to keep in high precision (``quantized_linear_names``).
+        model: a transformers causal LM, possibly converted by ``convert_to_nvfp4_learner``, wrapped by ``peft``,
+            sharded by FSDP2 or partitioned by ZeRO-3.
+        selection: the NVFP4 layers; ``None`` exports every linear unquantised (the bf16 sampler's checkpoint).
+        input_global_scales: ``{hf_linear_name: 0-dim}`` activation scales (``calibrate_input_global_scales``),
+            required for every NVFP4 layer; fused siblings take their group's smallest (largest amax).
 
     Yields:
-        Non-quantised tensors as stored (detached, not copied); for each quantised linear
-        ``weight_packed`` uint8 [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16],
-        ``weight_global_scale`` and ``input_global_scale`` float32 [1], and ``bias`` if any.
+        Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
+        [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16], ``weight_global_scale`` and ``input_global_scale``
+        float32 [1]; biases.
 
     Raises:
-        KeyError: a quantised linear has no input global scale (calibrate first).
-        ValueError: see ``quantized_linear_names``.
+        KeyError: an NVFP4 linear has no input global scale (calibrate first).
+        ValueError: an NVFP4 weight holds NaN or inf (naming the layer).
     """
-    root = hf_model(model)
-    linears = dict(iter_logical_linears(model))
-    quantized = quantized_linear_names(model, ignore=ignore)
-    missing = [n for n in quantized if n not in input_global_scales]
+    quantized = frozenset(selection.nvfp4_layers) if selection is not None else frozenset()
+    four_over_six = selection.four_over_six if selection is not None else False
+    scales = dict(input_global_scales or {})
+    missing = sorted(quantized - set(scales))
     if missing:
         raise KeyError(
             f"No input global scale for {missing[:4]}{'...' if len(missing) > 4 else ''}; run "
             "calibrate_input_global_scales(model, tokenizer, prompts) on this model first."
         )
-    weights = {name: merged_weight(module) for name, module in linears.items()}
+    linears = dict(iter_logical_linears(model))
+    owners = fsdp_owners(model)
+    seen: set[int] = set()
+    for unit in export_units(model):
+        with materialized(unit, owners):
+            yield from _unit_tensors(unit, linears, quantized, scales, seen, four_over_six)
+
+
+def iter_nvfp4_checkpoint_weights(
+    model: nn.Module,
+    input_global_scales: Mapping[str, torch.Tensor],
+    *,
+    selection: NVFP4LayerSelection | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`iter_checkpoint_weights` of ``model`` as an NVFP4 compressed-tensors model: ``selection`` ``None`` is
+    the model's own (``triage_trl.nvfp4.selection``, the one its learner conversion used).
+
+    Raises:
+        as :func:`iter_checkpoint_weights`; ValueError: ``selection`` differs from the model's own.
+    """
+    selection = resolve_nvfp4_layer_selection(model, selection)
+    yield from iter_checkpoint_weights(model, selection=selection, input_global_scales=input_global_scales)
+
+
+def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six) -> Iterator[tuple[str, torch.Tensor]]:
+    keys = list(unit.named_tensors())
+    owners = {key: _owning_linear(key, linears) for key, _ in keys}
+    names = list(dict.fromkeys(o for o in owners.values() if o is not None))
+    weights = {name: merged_weight(linears[name]) for name in names}
     group_w_amax: dict[str, torch.Tensor] = {}
     group_in_scale: dict[str, torch.Tensor] = {}
-    for name in quantized:
-        g = fused_group(name)
-        a = weights[name].abs().amax().float().cpu()
-        s = input_global_scales[name].detach().float().reshape(()).cpu()
-        group_w_amax[g] = torch.maximum(group_w_amax[g], a) if g in group_w_amax else a
-        group_in_scale[g] = torch.minimum(group_in_scale[g], s) if g in group_in_scale else s
-    quantized_set = set(quantized)
-
-    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name in names:
+        if name in quantized:
+            g = fused_group(name)
+            amax = weights[name].abs().amax().float().cpu()
+            check_finite(amax, f"The weight of {name}")
+            scale = scales[name].detach().float().reshape(()).cpu()
+            group_w_amax[g] = torch.maximum(group_w_amax[g], amax) if g in group_w_amax else amax
+            group_in_scale[g] = torch.minimum(group_in_scale[g], scale) if g in group_in_scale else scale
     done: set[str] = set()
-    for key, tensor in root.state_dict().items():
-        owner = next((p for p in _prefixes(key) if p in linears), None)
-        if owner is not None:
-            if owner in done:
-                continue
+    for key, tensor in keys:
+        owner = owners[key]
+        if owner is None:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield key, tensor.detach()
+        elif owner not in done:
             done.add(owner)
-            yield from _linear_tensors(owner, linears[owner], weights[owner], owner in quantized_set,
-                                       group_w_amax, group_in_scale, seen)
-            continue
-        ident = (tensor.data_ptr(), tuple(tensor.shape))
-        if tensor.numel() and ident in seen:
-            continue
-        seen.add(ident)
-        yield key, tensor.detach()
+            base = base_linear(linears[owner])
+            if owner in quantized:
+                g = fused_group(owner)
+                yield from _nvfp4_linear(owner, weights[owner], group_w_amax[g], group_in_scale[g], four_over_six)
+            elif id(base.weight) not in seen:  # a tied lm_head goes once, as the embedding
+                seen.add(id(base.weight))
+                yield f"{owner}.weight", weights[owner]
+            if base.bias is not None:
+                yield f"{owner}.bias", base.bias.detach()
 
 
-def _prefixes(key: str) -> Iterator[str]:
+def _owning_linear(key: str, linears: Mapping[str, nn.Module]) -> str | None:
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        yield ".".join(parts[:i])
+        prefix = ".".join(parts[:i])
+        if prefix in linears:
+            return prefix
+    return None
 
 
-def _linear_tensors(name, module, weight, quantize, group_w_amax, group_in_scale, seen):
-    bias = base_linear(module).bias
-    if not quantize:
-        ident = (weight.data_ptr(), tuple(weight.shape))
-        if ident not in seen:  # a tied lm_head is exported once, as the embedding
-            seen.add(ident)
-            yield f"{name}.weight", weight
-    else:
-        g = fused_group(name)
-        global_scale = weight_global_scale_from_amax(group_w_amax[g])
-        qt = nvfp4_quantize(weight, per_tensor_scale=(1.0 / global_scale).to(weight.device))
-        yield f"{name}.weight_packed", qt.qdata.view(torch.uint8)
-        yield f"{name}.weight_scale", qt.scale.view(torch.float8_e4m3fn)
-        yield f"{name}.weight_global_scale", global_scale.reshape(1)
-        yield f"{name}.input_global_scale", group_in_scale[g].reshape(1)
-    if bias is not None:
-        yield f"{name}.bias", bias.detach()
+def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six) -> Iterator[tuple[str, torch.Tensor]]:
+    global_scale = global_scale_from_amax(w_amax)
+    q, block_scale = quantize_torchao(weight, (1.0 / global_scale).to(weight.device), four_over_six)
+    yield f"{name}.weight_packed", encode_e2m1(q.reshape(weight.shape))
+    yield f"{name}.weight_scale", block_scale.to(torch.float8_e4m3fn)
+    yield f"{name}.weight_global_scale", global_scale.reshape(1)
+    yield f"{name}.input_global_scale", input_scale.reshape(1)
 
 
-def nvfp4_quantization_config(model: nn.Module, *, ignore: Sequence[str] = ("lm_head",)):
-    """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4``
-    targeting ``Linear``, format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing
-    every linear left in high precision by its full Hugging Face name."""
+def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelection | None = None):
+    """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4`` targeting ``Linear``,
+    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every linear the selection keeps
+    in bf16 (``selection.kept_layers``) by its full Hugging Face name."""
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
 
-    quantized = set(quantized_linear_names(model, ignore=ignore))
-    kept = [name for name, _ in iter_logical_linears(model) if name not in quantized]
     return QuantizationConfig(
         config_groups={"group_0": preset_name_to_scheme("NVFP4", ["Linear"])},
         format=CompressionFormat.nvfp4_pack_quantized.value,
         quantization_status=QuantizationStatus.COMPRESSED,
-        ignore=kept,
+        ignore=list(resolve_nvfp4_layer_selection(model, selection).kept_layers),
     )
 
 
@@ -291,7 +183,7 @@ def save_nvfp4_checkpoint(
     out_dir: str | Path,
     input_global_scales: dict[str, torch.Tensor],
     *,
-    ignore: Sequence[str] = ("lm_head",),
+    selection: NVFP4LayerSelection | None = None,
 ) -> Path:
     """Write ``model`` as an NVFP4 compressed-tensors checkpoint folder that ``vllm.LLM`` loads.
 
@@ -302,16 +194,18 @@ def save_nvfp4_checkpoint(
     from compressed_tensors.compressors import ModelCompressor
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    selection = resolve_nvfp4_layer_selection(model, selection)
     tensors = {
         name: t.detach().to("cpu").contiguous().clone()
-        for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, ignore=ignore)
+        for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, selection=selection)
     }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = hf_model(model).config
     config.save_pretrained(out_dir)
-    ModelCompressor(quantization_config=nvfp4_quantization_config(model, ignore=ignore)).update_config(str(out_dir))
+    quantization_config = nvfp4_quantization_config(model, selection=selection)
+    ModelCompressor(quantization_config=quantization_config).update_config(str(out_dir))
     json.loads((out_dir / "config.json").read_text())  # fail here, not in vLLM, on a bad file
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)

@@ -1,55 +1,46 @@
-"""NVFP4 quantise-dequantise on torchao's ``NVFP4Tensor`` numerics.
+"""The learner's NVFP4 fake-quantiser: ``triage_trl.nvfp4.numerics`` compiled into one fused pass.
 
-NVFP4 (NVIDIA, Blackwell): 4-bit E2M1 values, one FP8 E4M3 scale per 16 consecutive elements along
-the last (reduction) dimension, and one FP32 per-tensor scale. A value is decoded as
+* ``nvfp4_fake_quantize(x, per_tensor_scale)``: torchao's quantise-dequantise (``numerics.quant_dequant_torchao``),
+  dynamic per-tensor scale when none is given; optionally "4 over 6" block scales.
+* ``nvfp4_fake_quantize_vllm(x, global_scale)``: vLLM's activation quantise-dequantise with a static divisor
+  (``numerics.quant_dequant_vllm``), what the sampler does to a layer's input.
+* ``nvfp4_fake_quantize_reference``: torchao's own ``NVFP4Tensor.to_nvfp4(x).dequantize()`` (slow; the tests'
+  reference for bit-exactness).
+* ``nvfp4_quantize``: torchao's ``NVFP4Tensor`` (codes and block scales).
 
-    x = e2m1 * (per_tensor_scale * e4m3_block_scale)
-
-Two implementations give bit-identical results:
-
-* ``nvfp4_fake_quantize_reference``: torchao's own
-  ``NVFP4Tensor.to_nvfp4(x, per_tensor_scale=...).dequantize()``; 12-27 ns/element on CPU.
-* ``nvfp4_fake_quantize``: the same arithmetic written as one ``torch.compile``'d elementwise
-  kernel (1-2 ns/element); it falls back to the reference, with one logged warning, where
-  ``torch.compile`` is unavailable. Bit-exactness is asserted in ``tests/test_nvfp4_quantize.py``.
-
-Per-tensor scale convention (torchao, a *multiplier*): ``per_tensor_scale = amax / (448 * 6)``
-(``per_tensor_amax_to_scale``). vLLM and compressed-tensors store the reciprocal, a *divisor*
-``global_scale = 448 * 6 / amax``; see ``triage_trl.nvfp4.export``.
+The compiled path is chosen per call (``compiled=True``, the default); the eager path computes the same bits about
+10x slower. Inputs are checked before either runs, and an empty input returns an empty result, so only a real
+``torch.compile`` failure (the eager path succeeding on the same input) switches a kernel to eager, for that device
+type only, with one warning; ``compile_failures()`` lists them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import threading
+from collections.abc import Callable
 
 import torch
 
+from . import numerics
+from .numerics import BLOCK_SIZE, dynamic_per_tensor_scale
+
 logger = logging.getLogger(__name__)
 
-F4_E2M1_MAX = 6.0
-F8E4M3_MAX = 448.0
-BLOCK_SIZE = 16
-E4M3_EPS = torch.finfo(torch.float8_e4m3fn).tiny
-E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-"""Non-negative E2M1 values, indexed by their 3-bit magnitude code (sign is bit 3)."""
-
 __all__ = [
-    "BLOCK_SIZE",
     "compile_available",
-    "E2M1_GRID",
-    "F4_E2M1_MAX",
-    "F8E4M3_MAX",
-    "dynamic_per_tensor_scale",
+    "compile_failures",
     "nvfp4_fake_quantize",
     "nvfp4_fake_quantize_reference",
+    "nvfp4_fake_quantize_vllm",
     "nvfp4_quantize",
 ]
 
 
-def _check_input(x: torch.Tensor) -> None:
-    if x.dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError(f"NVFP4 quantisation takes bfloat16 or float32 tensors, got {x.dtype}; cast first.")
+def _check_input(x: torch.Tensor, dtypes=(torch.bfloat16, torch.float32)) -> None:
+    if x.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"NVFP4 quantisation takes {names} tensors, got {x.dtype}; cast first.")
     if x.dim() < 1 or x.shape[-1] % BLOCK_SIZE != 0:
         raise ValueError(
             f"NVFP4 needs the last (reduction) dimension to be a multiple of {BLOCK_SIZE}, got shape "
@@ -57,16 +48,8 @@ def _check_input(x: torch.Tensor) -> None:
         )
 
 
-def dynamic_per_tensor_scale(x: torch.Tensor) -> torch.Tensor:
-    """torchao's per-tensor scale (a multiplier) from ``x``'s absolute maximum.
-
-    Returns a 0-dim float32 tensor ``amax(|x|) / (448 * 6)`` (torchao ``per_tensor_amax_to_scale``),
-    or ``1.0`` when ``x`` is all zeros (where torchao would divide by zero; every block then
-    decodes to 0 either way).
-    """
-    amax = x.detach().abs().amax().float()
-    scale = amax / (F8E4M3_MAX * F4_E2M1_MAX)
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+def _scalar(scale: torch.Tensor, device) -> torch.Tensor:
+    return scale.detach().float().reshape(()).to(device)
 
 
 def nvfp4_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None):
@@ -77,8 +60,8 @@ def nvfp4_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None
         per_tensor_scale: 0-dim float32 multiplier; ``None`` uses ``dynamic_per_tensor_scale(x)``.
 
     Returns:
-        ``NVFP4Tensor`` with ``qdata`` uint8 [M, K/2] (low nibble = even element, as
-        compressed-tensors packs), ``scale`` float8_e4m3fn [M, K/16] and ``per_tensor_scale``.
+        ``NVFP4Tensor`` with ``qdata`` uint8 [M, K/2] (low nibble = even element, as compressed-tensors packs),
+        ``scale`` float8_e4m3fn [M, K/16] and ``per_tensor_scale``.
 
     Raises:
         TypeError / ValueError: unsupported dtype, or K not a multiple of 16.
@@ -89,7 +72,7 @@ def nvfp4_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None
     if per_tensor_scale is None:
         per_tensor_scale = dynamic_per_tensor_scale(x)
     x2d = x.detach().reshape(-1, x.shape[-1]).contiguous()
-    return NVFP4Tensor.to_nvfp4(x2d, block_size=BLOCK_SIZE, per_tensor_scale=per_tensor_scale.float().reshape(()))
+    return NVFP4Tensor.to_nvfp4(x2d, block_size=BLOCK_SIZE, per_tensor_scale=_scalar(per_tensor_scale, x.device))
 
 
 def nvfp4_fake_quantize_reference(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,87 +80,82 @@ def nvfp4_fake_quantize_reference(x: torch.Tensor, per_tensor_scale: torch.Tenso
 
     Same shape and dtype as ``x``; no gradient. ``per_tensor_scale`` as in ``nvfp4_quantize``.
     """
+    if x.numel() == 0:
+        _check_input(x)
+        return x.detach().clone()
     return nvfp4_quantize(x, per_tensor_scale).dequantize(x.dtype).reshape(x.shape)
 
 
-def _round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
-    # Round-to-nearest-even onto the E2M1 grid for |y| <= 6 (ties: 0.25->0, 0.75->1, 1.25->1,
-    # 1.75->2, 2.5->2, 3.5->4, 5->4), keeping the sign of zero as torchao's bit cast does.
-    a = y.abs()
-    q = (
-        0.5 * (a > 0.25).float()
-        + 0.5 * (a >= 0.75).float()
-        + 0.5 * (a > 1.25).float()
-        + 0.5 * (a >= 1.75).float()
-        + (a > 2.5).float()
-        + (a >= 3.5).float()
-        + 2.0 * (a > 5.0).float()
-    )
-    return torch.copysign(q, y)
+_compiled: dict[Callable, Callable] = {}
+_failed: dict[tuple[str, str], str] = {}
+_lock = threading.Lock()
 
 
-def _fake_quantize_eager(x: torch.Tensor, per_tensor_scale: torch.Tensor) -> torch.Tensor:
-    # Mirrors torchao.prototype.mx_formats.nvfp4_tensor.nvfp4_quantize (two-level scaling branch)
-    # followed by NVFP4Tensor.dequantize, operation for operation, in float32.
-    shape, dtype = x.shape, x.dtype
-    xb = x.float().reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-    block_scale = torch.amax(torch.abs(xb), dim=-1) / F4_E2M1_MAX
-    scale_fp8 = torch.clamp(block_scale / per_tensor_scale, min=E4M3_EPS, max=F8E4M3_MAX).to(torch.float8_e4m3fn)
-    scale_fp32 = scale_fp8.to(torch.float32)
-    reciprocal = (1.0 / per_tensor_scale) / scale_fp32
-    y = torch.clamp(xb * reciprocal.unsqueeze(-1), -F4_E2M1_MAX, F4_E2M1_MAX)
-    out = _round_to_e2m1(y) * (per_tensor_scale * scale_fp32).unsqueeze(-1)
-    return out.reshape(shape).to(dtype)
+def _run(fn: Callable, x: torch.Tensor, *args, compiled: bool) -> torch.Tensor:
+    """``fn(x2d, *args)`` on a 2-D view of ``x``, compiled unless asked not to or compile failed here."""
+    x2d = x.reshape(-1, x.shape[-1])  # one compiled graph per dtype, whatever the batch shape
+    key = (fn.__name__, x.device.type)
+    if not compiled or key in _failed:
+        return fn(x2d, *args).reshape(x.shape)
+    with _lock:
+        kernel = _compiled.get(fn) or _compiled.setdefault(fn, torch.compile(fn, dynamic=True))
+    try:
+        return kernel(x2d, *args).reshape(x.shape)
+    except Exception as err:  # noqa: BLE001 - decided below: the eager path on the same input tells
+        out = fn(x2d, *args).reshape(x.shape)  # bad input raises here, and nothing is switched off
+        _failed[key] = f"{type(err).__name__}: {err}"
+        logger.warning("torch.compile of %s failed on %s (%s); using the eager path (same bits, slower).",
+                       fn.__name__, x.device.type, _failed[key])
+        return out
 
 
-def _fake_quantize_dynamic_eager(x: torch.Tensor) -> torch.Tensor:
-    # The amax reduction and the quantise-dequantise in one compiled graph.
-    return _fake_quantize_eager(x, dynamic_per_tensor_scale(x))
-
-
-_compiled: dict[str, object] = {}
-_compile_failed = False
-
-
-def _compiled_kernel(dynamic_scale: bool):
-    key = "dynamic" if dynamic_scale else "static"
-    if key not in _compiled:
-        fn = _fake_quantize_dynamic_eager if dynamic_scale else _fake_quantize_eager
-        _compiled[key] = torch.compile(fn, dynamic=True)
-    return _compiled[key]
-
-
-def nvfp4_fake_quantize(x: torch.Tensor, per_tensor_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Fast NVFP4 quantise-dequantise of ``x`` [..., K], bit-identical to torchao's.
+def nvfp4_fake_quantize(
+    x: torch.Tensor,
+    per_tensor_scale: torch.Tensor | None = None,
+    *,
+    four_over_six: bool = False,
+    compiled: bool = True,
+) -> torch.Tensor:
+    """NVFP4 quantise-dequantise of ``x`` [..., K] with torchao's rule, bit-identical to torchao.
 
     Args:
-        x: bfloat16/float32 tensor, K a multiple of 16, any batch shape and layout.
+        x: bfloat16/float32 tensor, K a multiple of 16, any batch shape and layout (may be empty).
         per_tensor_scale: 0-dim float32 multiplier; ``None`` = dynamic ``amax(|x|) / 2688``.
+        four_over_six: "4 over 6" block scales (``numerics.quantize_torchao``); off = torchao exactly.
+        compiled: run the ``torch.compile``'d pass (default) or the same ops eagerly.
 
     Returns:
         Tensor of ``x``'s shape and dtype holding the decoded NVFP4 values (no gradient).
 
-    Runs a ``torch.compile``'d kernel (dynamic shapes); set ``TRIAGE_NVFP4_NO_COMPILE=1`` or run
-    where compile fails to use ``nvfp4_fake_quantize_reference`` instead (same bits, ~10x slower).
+    Raises:
+        TypeError / ValueError: unsupported dtype, or K not a multiple of 16.
     """
-    global _compile_failed
     _check_input(x)
     x = x.detach()
-    if per_tensor_scale is not None:
-        per_tensor_scale = per_tensor_scale.detach().float().reshape(()).to(x.device)
-    if _compile_failed or os.environ.get("TRIAGE_NVFP4_NO_COMPILE") == "1":
-        return nvfp4_fake_quantize_reference(x, per_tensor_scale)
-    x2d = x.reshape(-1, x.shape[-1])  # one compiled graph per dtype, whatever the batch shape
-    try:
-        if per_tensor_scale is None:
-            return _compiled_kernel(True)(x2d).reshape(x.shape)
-        return _compiled_kernel(False)(x2d, per_tensor_scale).reshape(x.shape)
-    except Exception as err:  # compile toolchain missing or backend error
-        _compile_failed = True
-        logger.warning("torch.compile of the NVFP4 fake-quantiser failed (%s); using torchao's eager path.", err)
-        return nvfp4_fake_quantize_reference(x, per_tensor_scale)
+    if x.numel() == 0:
+        return x.clone()
+    if per_tensor_scale is None:
+        return _run(numerics.quant_dequant_torchao_dynamic, x, four_over_six, compiled=compiled)
+    return _run(numerics.quant_dequant_torchao, x, _scalar(per_tensor_scale, x.device), four_over_six,
+                compiled=compiled)
 
 
-def compile_available() -> bool:
-    """False once ``torch.compile`` of the fast path has failed (or is disabled by env)."""
-    return not _compile_failed and os.environ.get("TRIAGE_NVFP4_NO_COMPILE") != "1"
+def nvfp4_fake_quantize_vllm(x: torch.Tensor, global_scale: torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
+    """vLLM's NVFP4 activation quantise-dequantise of ``x`` [..., K] with a static divisor ``global_scale``
+    (``numerics.quant_dequant_vllm``; 448 * 6 / amax). Same shape and dtype; raises as ``nvfp4_fake_quantize``
+    (bfloat16, float16 and float32 accepted)."""
+    _check_input(x, (torch.bfloat16, torch.float16, torch.float32))
+    x = x.detach()
+    if x.numel() == 0:
+        return x.clone()
+    return _run(numerics.quant_dequant_vllm, x, _scalar(global_scale, x.device), compiled=compiled)
+
+
+def compile_failures() -> dict[tuple[str, str], str]:
+    """``{(kernel, device type): error}`` for every kernel whose ``torch.compile`` failed in this process."""
+    return dict(_failed)
+
+
+def compile_available(device_type: str = "cpu") -> bool:
+    """Whether no fake-quantiser kernel has failed to compile on ``device_type`` in this process."""
+    return not any(dev == device_type for _, dev in _failed)

@@ -18,7 +18,8 @@ the checkpoint's per-tensor ``input_global_scale``), but:
   refreshes the cache (the cache is a plain attribute of the layer, replaced by the hook, not a
   parameter or buffer that the layerwise reload would copy back or skip);
 * the activation quantise-dequantise is one ``torch.compile``'d (fused) elementwise pass whose ops
-  reproduce ``ref_nvfp4_quant_dequant`` bit for bit;
+  reproduce ``ref_nvfp4_quant_dequant`` bit for bit: the learner's own sampler-mode activation quantiser,
+  ``triage_trl.nvfp4.numerics.quant_dequant_vllm``;
 * the GEMM is one bf16 oneDNN matmul on a prepacked weight (the same primitive vLLM's CPU bf16
   linear layers use), or ``torch.matmul`` where vLLM was built without oneDNN.
 
@@ -34,7 +35,8 @@ format (E2M1 values, FP8 E4M3 scale per 16 elements, FP32 tensor scale).
 
 from __future__ import annotations
 
-import threading
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,78 +45,24 @@ import torch
 from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearKernel, NvFp4LinearLayerConfig
 from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
 
+from ..nvfp4.numerics import BLOCK_SIZE
+from ..nvfp4.quantize import nvfp4_fake_quantize_vllm
+
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "FastCpuNvFp4LinearKernel",
     "nvfp4_quant_dequant_activations",
     "register_fast_cpu_nvfp4_kernel",
 ]
 
-NVFP4_BLOCK_SIZE = 16
-_FP4_MAX_RECIPROCAL = 1 / 6.0  # vLLM's FLOAT4_E2M1_MAX_RECIPROCAL (a Python float, as in vLLM)
-_FP8_E4M3_MAX = 448.0
-
-
-def _reciprocal(x: torch.Tensor) -> torch.Tensor:
-    # vLLM's ``get_reciprocal``: 1/x, with 0 mapped to (almost) 0.
-    return 1.0 / (x + (x == 0) * 1e8)
-
-
-def _round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round |x| <= 6 to the nearest E2M1 value with vLLM's tie rules (``cast_to_fp4``)."""
-    a = torch.abs(x)
-    r = torch.where(a > 5.0, 6.0, 4.0)
-    r = torch.where(a < 3.5, 3.0, r)
-    r = torch.where(a <= 2.5, 2.0, r)
-    r = torch.where(a < 1.75, 1.5, r)
-    r = torch.where(a <= 1.25, 1.0, r)
-    r = torch.where(a < 0.75, 0.5, r)
-    r = torch.where(a <= 0.25, 0.0, r)
-    return r * torch.sign(x)
-
-
-def _round_to_e4m3(s: torch.Tensor) -> torch.Tensor:
-    """``s.to(float8_e4m3fn).to(float32)`` for fp32 ``0 <= s <= 448``, in vectorisable integer ops.
-
-    Round-to-nearest-even to 3 mantissa bits on the fp32 bit pattern (normal E4M3 range, >= 2**-6), and to
-    multiples of 2**-9 below it (E4M3 subnormals). Inductor turns a real fp8 cast into a scalar software
-    conversion per element; this keeps the fused pass vectorised. Bit-identical (tested exhaustively on the
-    E4M3 midpoints and on random values in ``tests/test_sampler_kernel.py``).
-    """
-    bits = s.view(torch.int32)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & ~0xFFFFF).view(torch.float32)
-    subnormal = torch.round(s * 512.0) * (1 / 512.0)
-    return torch.where(s < 2.0**-6, subnormal, normal)
-
-
-def _quant_dequant_eager(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    m, k = x.shape
-    blocks = x.reshape(m, k // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
-    vec_max = torch.amax(torch.abs(blocks), dim=-1, keepdim=True).to(torch.float32)
-    scale = global_scale * (vec_max * _FP4_MAX_RECIPROCAL)
-    # vLLM clamps to [-448, 448]; the block amax and the global scale are >= 0, so only the upper bound acts.
-    scale = _round_to_e4m3(torch.clamp(scale, max=_FP8_E4M3_MAX, min=0.0))
-    output_scale = _reciprocal(scale * _reciprocal(global_scale))
-    scaled = torch.clamp(blocks.to(torch.float32) * output_scale, -6.0, 6.0)
-    x_fp4 = _round_to_e2m1(scaled)
-    return (x_fp4 * (scale / global_scale)).reshape(m, k).to(x.dtype)
-
-
-_compiled_lock = threading.Lock()
-_compiled_quant_dequant: Any = None
-
-
-def _get_compiled_quant_dequant():
-    global _compiled_quant_dequant
-    with _compiled_lock:
-        if _compiled_quant_dequant is None:
-            _compiled_quant_dequant = torch.compile(_quant_dequant_eager, dynamic=True, fullgraph=True)
-    return _compiled_quant_dequant
-
-
 def nvfp4_quant_dequant_activations(
     x: torch.Tensor, global_scale: torch.Tensor, *, compiled: bool = True
 ) -> torch.Tensor:
     """NVFP4 quantise-dequantise of activations, bit-identical to vLLM's ``ref_nvfp4_quant_dequant``.
+
+    The learner's own activation quantiser in sampler mode (``nvfp4_fake_quantize_vllm``, built from
+    ``triage_trl.nvfp4.numerics.quant_dequant_vllm``), restricted to vLLM's 2-D layout.
 
     Args:
         x: ``[m, k]`` activations (bf16/fp16/fp32), ``k`` a multiple of 16.
@@ -129,15 +77,12 @@ def nvfp4_quant_dequant_activations(
     Raises:
         ValueError: ``x`` is not 2-D or ``k`` is not a multiple of 16.
     """
-    if x.ndim != 2 or x.shape[-1] % NVFP4_BLOCK_SIZE != 0:
+    if x.ndim != 2 or x.shape[-1] % BLOCK_SIZE != 0:
         raise ValueError(
-            f"NVFP4 activations must be 2-D [tokens, k] with k a multiple of {NVFP4_BLOCK_SIZE}; "
+            f"NVFP4 activations must be 2-D [tokens, k] with k a multiple of {BLOCK_SIZE}; "
             f"got shape {tuple(x.shape)}. Reshape to 2-D or keep this layer in bf16."
         )
-    global_scale = global_scale.reshape(()).to(torch.float32)
-    if compiled and x.shape[0] > 0:
-        return _get_compiled_quant_dequant()(x, global_scale)
-    return _quant_dequant_eager(x, global_scale)
+    return nvfp4_fake_quantize_vllm(x, global_scale, compiled=compiled)
 
 
 @dataclass
@@ -150,14 +95,21 @@ class _DequantisedWeight:
     input_global_scale: torch.Tensor  # 0-d fp32, vLLM's divisor convention (layer.input_global_scale_inv)
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
 def _make_gemm(weight: torch.Tensor):
+    """The bf16 GEMM against ``weight`` [out, in]: vLLM's prepacked oneDNN matmul, or ``torch.matmul`` where vLLM
+    has no oneDNN or oneDNN has no bf16 primitive for this CPU (e.g. AVX2 only), as vLLM's own CPU linear does."""
     from vllm import _custom_ops as ops
 
     if getattr(ops, "_supports_onednn", False):
         try:
             handler = ops.create_onednn_mm(weight.t(), 32)
-        except RuntimeError:  # no bf16 oneDNN primitive on this CPU (e.g. AVX2 only): vLLM falls back the same way
-            pass
+        except RuntimeError as err:
+            _warn_once(f"oneDNN has no bf16 matmul here ({err}); the NVFP4 kernel uses torch.matmul.")
         else:
             # The handler reads ``weight``'s memory; the dataclass keeps ``weight`` alive with it.
             return (lambda x2d: ops.onednn_mm(handler, x2d, None)), "onednn_mm"
@@ -201,7 +153,7 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
             layer.weight_scale.data,
             layer.weight_global_scale.data,
             dtype,
-            NVFP4_BLOCK_SIZE,
+            BLOCK_SIZE,
             swizzle=False,
         ).contiguous()
         gemm, gemm_name = _make_gemm(weight)
@@ -228,11 +180,7 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
                 f"dequantised to {cache.weight.dtype}; run vLLM with dtype={cache.weight.dtype}."
             )
         lead = x.shape[:-1]
-        x2d = x.reshape(-1, x.shape[-1])
-        if x2d.shape[0] == 0 or x2d.shape[-1] % NVFP4_BLOCK_SIZE != 0:
-            x_dq = nvfp4_quant_dequant_activations(x2d, cache.input_global_scale)  # raises on a bad k
-        else:
-            x_dq = _get_compiled_quant_dequant()(x2d, cache.input_global_scale)
+        x_dq = nvfp4_quant_dequant_activations(x.reshape(-1, x.shape[-1]), cache.input_global_scale)
         out = cache.gemm(x_dq)
         out = out.reshape(*lead, out.shape[-1])
         if bias is not None:
@@ -240,40 +188,41 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
         return out
 
 
+_registered: set[type] = set()  # kernels this module registered with vLLM in this process
+
+
+def _register_cpu_nvfp4_kernel(kernel: type) -> None:
+    from vllm.model_executor.kernels.linear import register_linear_kernel
+    from vllm.platforms import PlatformEnum
+
+    if kernel not in _registered:
+        register_linear_kernel(kernel, PlatformEnum.CPU, "nvfp4")
+        _registered.add(kernel)
+
+
 def register_fast_cpu_nvfp4_kernel() -> type[FastCpuNvFp4LinearKernel]:
     """Make vLLM pick :class:`FastCpuNvFp4LinearKernel` for NVFP4 linear layers on CPU.
 
-    Calls ``register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")`` once
-    (idempotent) and moves it to the front of the CPU candidate list, so it wins over an
-    ``EmulationNvFp4LinearKernel`` registered earlier. Must run in the process that builds the
-    model (in-process ``vllm.LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) before the engine starts.
+    Registers it once per process through vLLM's public ``register_linear_kernel(kernel, PlatformEnum.CPU,
+    "nvfp4")``. vLLM registers no CPU NVFP4 kernel of its own and picks the first supported one registered, so this
+    one runs unless another was registered earlier in the process (``register_emulation_nvfp4_kernel``); the
+    sampler's kernel report names the kernel that runs. Must run in the process that builds the model (in-process
+    ``vllm.LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) before the engine starts.
 
     Returns:
         The registered kernel class.
     """
-    from vllm.model_executor.kernels import linear as linear_kernels
-    from vllm.platforms import PlatformEnum
-
-    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
-    if FastCpuNvFp4LinearKernel not in candidates:
-        linear_kernels.register_linear_kernel(FastCpuNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
-        candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]
-    candidates.remove(FastCpuNvFp4LinearKernel)
-    candidates.insert(0, FastCpuNvFp4LinearKernel)
+    _register_cpu_nvfp4_kernel(FastCpuNvFp4LinearKernel)
     return FastCpuNvFp4LinearKernel
 
 
 def register_emulation_nvfp4_kernel() -> None:
-    """Register vLLM's own ``EmulationNvFp4LinearKernel`` for CPU (reference / benchmark only).
+    """Register vLLM's own ``EmulationNvFp4LinearKernel`` for CPU (reference / benchmark only), once per process.
 
-    It is appended after any fast kernel, so to run the emulation kernel alone, start the engine
-    in a process where :func:`register_fast_cpu_nvfp4_kernel` has not been called, or disable the
-    fast one with ``VLLM_DISABLED_KERNELS=FastCpuNvFp4LinearKernel``.
+    vLLM picks the first registered kernel: to run the emulation kernel, call this before
+    :func:`register_fast_cpu_nvfp4_kernel` in that process, or disable the fast one with vLLM's documented switch
+    ``VLLM_DISABLED_KERNELS=FastCpuNvFp4LinearKernel``.
     """
-    from vllm.model_executor.kernels import linear as linear_kernels
     from vllm.model_executor.kernels.linear import EmulationNvFp4LinearKernel
-    from vllm.platforms import PlatformEnum
 
-    candidates = linear_kernels._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
-    if EmulationNvFp4LinearKernel not in candidates:
-        linear_kernels.register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+    _register_cpu_nvfp4_kernel(EmulationNvFp4LinearKernel)

@@ -14,7 +14,7 @@
 * **sync** (``sync_weights``): every weight, in checkpoint format (re-quantised to NVFP4 for the NVFP4 sampler), goes
   to vLLM in ONE ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` call on the worker (inside vLLM's
   config context), produced one decoder block at a time
-  (:func:`~triage_trl.sampler.distributed_export.iter_sampler_weights`: FSDP2 and ZeRO-3 gather one block at a
+  (:func:`~triage_trl.nvfp4.export.iter_checkpoint_weights`: FSDP2 and ZeRO-3 gather one block at a
   time); then the prefix cache is reset and :attr:`on_sync` runs (the trainer's scale push and probe).
   TRL's per-tensor ``load_weights`` sync fails on the vLLM CPU build and cannot re-quantise; one tensor per reload
   call silently corrupts the model (each call re-initialises the layers it does not see).
@@ -40,12 +40,8 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
-from .distributed_export import (
-    all_ranks_agree,
-    iter_sampler_weights,
-    parameters_materialized,
-    reduce_input_global_scales,
-)
+from ..model_blocks import parameters_materialized
+from .ranks import all_ranks_agree, reduce_input_global_scales
 from .vllm_engine import sampler_tensors, start_engine, write_engine_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -78,6 +74,8 @@ class TriageVLLMGeneration(VLLMGeneration):
             on a 135M W4A4 model this alone moves greedy outputs, since each calibration sees the previous scales.
         sampler_seed: vLLM's seed is ``sampler_seed + process_index // tensor_parallel_size`` (TRL seeds with the
             rank term only, so every run would sample alike; the trainer passes ``args.seed``).
+        nvfp4_config: the NVFP4 settings (``NVFP4Config``; the trainer passes its args): the NVFP4 layer selection
+            the export uses (``triage_trl.nvfp4.selection``; the learner's own when it was converted).
 
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
@@ -105,6 +103,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         llm_kwargs: dict | None = None,
         recalibrate_every_sync: bool = False,
         sampler_seed: int = 0,
+        nvfp4_config=None,
         **kwargs,
     ):
         if sampler_precision not in SAMPLER_PRECISIONS:
@@ -117,6 +116,8 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.llm_kwargs = dict(llm_kwargs or {})
         self.recalibrate_every_sync = recalibrate_every_sync
         self.sampler_seed = sampler_seed
+        self.nvfp4_config = nvfp4_config
+        self.nvfp4_selection = None
         self.kernel_report: dict[str, str] = {}
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
@@ -200,12 +201,17 @@ class TriageVLLMGeneration(VLLMGeneration):
         tokenizer, no weights (vLLM starts with ``load_format="dummy"``). Written by the local main process of each
         node into ``checkpoint_dir`` (node-local); the other ranks wait. Reads no parameter value, so it works on
         sharded, partitioned and meta-device models alike."""
+        if self.sampler_precision == "nvfp4":
+            from ..nvfp4.selection import nvfp4_layer_selection
+
+            # computed once and stored on the model: the learner conversion reads the same object
+            self.nvfp4_selection = nvfp4_layer_selection(self.model, self.nvfp4_config)
         if self.accelerator.is_local_main_process:
             quantization_config = None
             if self.sampler_precision == "nvfp4":
                 from ..nvfp4.export import nvfp4_quantization_config
 
-                quantization_config = nvfp4_quantization_config(self.model)
+                quantization_config = nvfp4_quantization_config(self.model, selection=self.nvfp4_selection)
             write_engine_checkpoint(self.checkpoint_dir, self.sampler_precision, (), _hf_config(self.model),
                                     _tokenizer_of(self.processing_class), quantization_config)
         self.accelerator.wait_for_everyone()
@@ -222,10 +228,11 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
-        from ..nvfp4.export import calibrate_input_global_scales
+        from ..nvfp4.calibration import calibrate_input_global_scales
 
         prompts = [self._prompt_text(p) for p in self.calibration_prompts]
-        return calibrate_input_global_scales(model, _tokenizer_of(self.processing_class), prompts)
+        return calibrate_input_global_scales(model, _tokenizer_of(self.processing_class), prompts,
+                                             selection=self.nvfp4_selection)
 
     def _prompt_text(self, prompt) -> str:
         if isinstance(prompt, str):
@@ -245,13 +252,12 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     def _iter_sampler_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
-        one decoder block made whole at a time (``distributed_export.iter_sampler_weights``)."""
-        quantized = ()
-        if self.sampler_precision == "nvfp4":
-            from ..nvfp4.export import quantized_linear_names
+        one decoder block made whole at a time (``triage_trl.nvfp4.export.iter_checkpoint_weights``)."""
+        from ..nvfp4.export import iter_checkpoint_weights
 
-            quantized = quantized_linear_names(self.model)
-        weights = iter_sampler_weights(self.model, quantized=quantized, input_global_scales=self.input_global_scales)
+        weights = iter_checkpoint_weights(
+            self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales
+        )
         yield from sampler_tensors(weights)
 
     @torch.no_grad()

@@ -115,6 +115,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
             recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
             sampler_seed=args.seed,
+            nvfp4_config=args,
         )
 
         def factory(model, accelerator, processing_class, **kw):
@@ -126,20 +127,14 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     def _convert_learner(self) -> None:
         """Swap the learner's decoder linears for NVFP4 W4A4 layers, on the device the trainer placed the model on."""
-        from ..nvfp4.learner import convert_to_nvfp4_learner
+        from ..nvfp4.callbacks import NVFP4WeightCacheCallback
+        from ..nvfp4.learner import convert_to_nvfp4_learner, learner_execution_summary
 
-        args = self.args
-        options = {
-            "keep_first_blocks": args.nvfp4_keep_first_blocks,
-            "keep_last_blocks": args.nvfp4_keep_last_blocks,
-            "scales": args.resolved_nvfp4_learner_scales,
-            "compute_dtype": torch.bfloat16 if args.nvfp4_emulation_dtype == "bf16" else torch.float32,
-        }
-        if args.nvfp4_exclude_patterns is not None:
-            options["exclude_patterns"] = list(args.nvfp4_exclude_patterns)
-        self.nvfp4_learner_report = convert_to_nvfp4_learner(self.model, **options)
+        self.nvfp4_learner_report = convert_to_nvfp4_learner(self.model, self.args)
+        self.add_callback(NVFP4WeightCacheCallback())  # re-quantise the cached NVFP4 weights after every step
         logger.info("NVFP4 learner layers: %s", self.nvfp4_learner_report)
-        self.triage_metrics.record("train", {k: float(v) for k, v in self.nvfp4_learner_report.summary().items()})
+        counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model)}
+        self.triage_metrics.record("train", {k: float(v) for k, v in counts.items()})
 
     # ------------------------------------------------------------------ sampler sync: scales + probe
 
@@ -317,7 +312,10 @@ class TriageGRPOTrainer(GRPOTrainer):
         elif self.use_vllm:
             report["sampler"] = f"vLLM ({self.args.sampler_precision})"
         if self.nvfp4_learner_report is not None:
-            report["learner"] = ", ".join(f"{k}={v}" for k, v in self.nvfp4_learner_report.summary().items())
+            from ..nvfp4.learner import learner_execution_summary
+
+            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model)}
+            report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
         return report

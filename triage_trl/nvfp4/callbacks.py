@@ -1,0 +1,34 @@
+"""``transformers.Trainer`` callback that keeps the NVFP4 learner's weight caches fresh.
+
+The emulated NVFP4 layers cache their fake-quantised weights per weight generation
+(``triage_trl.nvfp4.emulated.NVFP4WeightGeneration``); this callback advances it wherever the Trainer may have
+changed the weights: after every optimizer step (also under DeepSpeed and FSDP2, whose in-place writes bump no
+tensor version), at the start of training (after a checkpoint was loaded) and at its end (after the best model was
+loaded back).
+"""
+
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+from .learner import invalidate_nvfp4_weight_caches
+
+__all__ = ["NVFP4WeightCacheCallback"]
+
+
+class NVFP4WeightCacheCallback(TrainerCallback):
+    """Calls ``invalidate_nvfp4_weight_caches(model)`` on ``on_train_begin``, ``on_optimizer_step`` and
+    ``on_train_end``."""
+
+    def _invalidate(self, model) -> None:
+        if model is not None:
+            invalidate_nvfp4_weight_caches(model)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._invalidate(model)
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self._invalidate(model)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._invalidate(model)

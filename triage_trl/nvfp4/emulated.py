@@ -1,0 +1,190 @@
+"""The learner's NVFP4 W4A4 linear layer, emulated: ``NVFP4EmulatedLinear`` (fake-quantised operands, a
+straight-through backward), with the numbers of torchao's native kernels or of the vLLM sampler."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .numerics import check_finite, global_scale_from_amax, per_tensor_scale_from_amax
+from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
+
+__all__ = ["NVFP4EmulatedLinear", "NVFP4WeightGeneration"]
+
+
+class NVFP4WeightGeneration:
+    """A counter of weight updates, shared by the emulated layers of one model: advancing it (``advance()``)
+    invalidates every cached fake-quantised weight of those layers; each recomputes at its next forward."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+    def advance(self) -> int:
+        """Mark the weights as changed; returns the new generation."""
+        self.value += 1
+        return self.value
+
+
+class _EmulatedW4A4Matmul(torch.autograd.Function):
+    """``y = Q(x) @ Q(W)^T + b`` forward; straight-through backward with the dequantised operands:
+    ``dx = dy @ Q(W)``, ``dW = dy^T @ Q(x)``, ``db = sum(dy)`` (the STE of torchao's QAT).
+
+    The GEMMs run in ``compute_dtype`` (``None``: the input's dtype); results return in the input's
+    and the weight's dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled):
+        dtype = compute_dtype or x.dtype
+        if input_global_scale is None:  # torchao's dynamic recipe
+            x_dq = nvfp4_fake_quantize(x, compiled=compiled)
+        else:  # the sampler's static scale, quantised as vLLM does
+            x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale, compiled=compiled)
+        x_dq = x_dq.to(dtype)
+        w = weight_dq.to(dtype)
+        ctx.save_for_backward(x_dq, w)
+        ctx.weight_dtype, ctx.input_dtype = weight.dtype, x.dtype
+        out = F.linear(x_dq, w, None if bias is None else bias.to(dtype))
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_dq, w = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        g = grad_out.to(w.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_x = (g @ w).to(ctx.input_dtype)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
+            g2 = g.reshape(-1, g.shape[-1])
+            if ctx.needs_input_grad[1]:
+                grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(ctx.weight_dtype)
+            if ctx.needs_input_grad[3]:
+                grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+        return grad_x, grad_w, None, grad_b, None, None, None
+
+
+class NVFP4EmulatedLinear(nn.Linear):
+    """``nn.Linear`` computing NVFP4 W4A4 by fake quantisation, with high-precision master weights.
+
+    Forward: ``y = dequant(Q(x)) @ dequant(Q(W))^T + b`` where ``Q`` is torchao's NVFP4 quantiser
+    (``triage_trl.nvfp4.quantize``; 16-element blocks along the input features, E4M3 block scales,
+    FP32 per-tensor scale ``amax / 2688``, dynamic per call for the activations ``x`` [..., in],
+    per weight version for ``W`` [out, in]). Backward: straight-through to ``x`` and ``W``.
+
+    Matches the native sm100 kernel: the E2M1 codes, block scales and tensor scales of the
+    forward operands (torchao's quantiser, bit for bit), hence every product. Differs: the
+    matmul accumulates in the compute dtype's BLAS order (the native kernel accumulates FP4
+    products in FP32 inside the tensor core, then scales) so outputs differ by rounding; torchao's
+    native path quantises the weight with its 2-D Triton kernel and the activations after its own
+    amax kernel; and its backward GEMMs run in NVFP4 with Hadamard transforms and stochastic
+    rounding, whereas this backward uses the dequantised forward operands and full-precision
+    gradients.
+
+    Scales (``nvfp4_learner_scales`` of ``convert_to_nvfp4_learner``'s config): ``"dynamic"`` as above (torchao's
+    recipe);
+    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.export``): the weight's
+    per-tensor scale is the export's power-of-two scale of its vLLM-fused group (q/k/v, gate/up:
+    ``weight_scale_group``), and the activations use the sampler's static calibrated scale
+    (``input_global_scale``, set by ``set_sampler_input_scales``; dynamic until first set), quantised with vLLM's
+    rule (``numerics.quant_dequant_vllm``). Given the same input, this layer and the sampler's then compute the
+    same operands bit for bit; the residual learner-sampler mismatch is the engines' own (GEMM order, attention,
+    norms).
+
+    ``compute_dtype`` (``None``: the input's dtype) is the GEMM dtype; ``torch.bfloat16`` is what
+    vLLM's NVFP4 emulation does (dequantise to bf16, bf16 GEMM with fp32 accumulation) and is exact
+    for the dequantised operands when the per-tensor scales are powers of two.
+
+    Weight cache: the fake-quantised weight is kept until the layer's ``weight_generation`` counter (one per model,
+    ``NVFP4WeightGeneration``) advances: whoever changes the weights advances it (``invalidate_nvfp4_weight_caches``,
+    from an optimizer-step hook or ``NVFP4WeightCacheCallback``). Tensor versions and addresses are not used:
+    DeepSpeed's ``.data.copy_`` and FSDP2's in-place refill change neither. ``cache_weights=False`` re-quantises at
+    every forward and keeps no copy (FSDP2: a cached full copy per layer and rank would defeat the sharding).
+
+    PEFT LoRA can wrap this module (it is an ``nn.Linear``); adapters then run unquantised next to it.
+    """
+
+    nvfp4_learner_path = "emulated"
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        *,
+        name: str = "",
+        compute_dtype: torch.dtype | None = None,
+        compiled: bool = True,
+        cache_weights: bool = True,
+        generation: NVFP4WeightGeneration | None = None,
+        four_over_six: bool = False,
+    ) -> NVFP4EmulatedLinear:
+        """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied).
+
+        Args:
+            name: the Hugging Face module name, used in errors.
+            compute_dtype: GEMM dtype (``None``: the input's).
+            compiled: use the compiled fake-quantisers (``nvfp4_fake_quantize``); the same bits either way.
+            cache_weights: keep the fake-quantised weight until ``generation`` advances (see the class docstring).
+            generation: the model's ``NVFP4WeightGeneration`` (``None``: a new one for this layer alone).
+            four_over_six: "4 over 6" weight block scales, as the export's (``numerics.quantize_torchao``).
+        """
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.nvfp4_name = name
+        new.compute_dtype = compute_dtype
+        new.compiled = compiled
+        new.cache_weights = cache_weights
+        new.four_over_six = four_over_six
+        new.weight_generation = generation if generation is not None else NVFP4WeightGeneration()
+        new.weight_scale_group = None
+        new.input_global_scale = None
+        new._weight_cache_key = None
+        new._weight_dq = None
+        return new
+
+    def _weight_amax(self, weight: torch.Tensor) -> torch.Tensor:
+        amax = weight.detach().abs().amax().float()
+        check_finite(amax, f"The weight of NVFP4 learner layer {self.nvfp4_name or self} (or of its fused group)")
+        return amax
+
+    def weight_per_tensor_scale(self) -> torch.Tensor:
+        """The weight's per-tensor scale (a multiplier), 0-dim float32: torchao's dynamic ``amax / 2688``; with a
+        ``weight_scale_group``, ``1 / global_scale_from_amax(max amax over the group)`` (the export's).
+
+        Raises:
+            ValueError: the weight (or a fused sibling's) holds NaN or inf; the message names the layer.
+        """
+        if self.weight_scale_group is None:
+            return per_tensor_scale_from_amax(self._weight_amax(self.weight))
+        amax = torch.stack([self._weight_amax(w) for w in self.weight_scale_group]).amax()
+        return 1.0 / global_scale_from_amax(amax)
+
+    def fake_quantized_weight(self) -> torch.Tensor:
+        """``dequant(Q(W))`` [out, in] in the weight's dtype; cached per weight generation (and dtype, device)."""
+        if not self.cache_weights:
+            self._weight_dq = None
+            return self._quantize_weight()
+        key = (self.weight_generation.value, self.weight.dtype, self.weight.device)
+        if self._weight_dq is None or self._weight_cache_key != key:
+            self._weight_dq = self._quantize_weight()
+            self._weight_cache_key = key
+        return self._weight_dq
+
+    def _quantize_weight(self) -> torch.Tensor:
+        return nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale(),
+                                   four_over_six=self.four_over_six, compiled=self.compiled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _EmulatedW4A4Matmul.apply(
+            x, self.weight, self.fake_quantized_weight(), self.bias, self.input_global_scale, self.compute_dtype,
+            self.compiled,
+        )
+
+    def extra_repr(self) -> str:
+        scales = "sampler" if self.weight_scale_group is not None else "dynamic"
+        rule = ", 4 over 6" if self.four_over_six else ""
+        return super().extra_repr() + f", nvfp4=emulated W4A4, scales={scales}{rule}"
