@@ -183,7 +183,7 @@ def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_pat
     assert _args(TriageGRPOConfig, tmp_path, sync_probe_max_gap=0.02).resolved_sync_probe_max_gap == 0.02
     # The learner mirrors the sampler's NVFP4 scales only when there is an NVFP4 sampler to mirror.
     both = _args(TriageGRPOConfig, tmp_path, use_vllm=True, sampler_precision="nvfp4", learner_precision="nvfp4")
-    assert both.resolved_nvfp4_learner_scales == "sampler" and both.nvfp4_emulation_dtype == "bf16"
+    assert both.resolved_nvfp4_learner_scales == "sampler" and both.nvfp4_emulation_dtype == "auto"
     assert mixed.resolved_nvfp4_learner_scales == "dynamic" and args.resolved_nvfp4_learner_scales == "dynamic"
 
 

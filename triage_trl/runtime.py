@@ -10,6 +10,7 @@ keeps its threads. Source: vLLM 0.31 ``vllm/envs.py`` (``disable_envs_cache``) a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -20,6 +21,11 @@ IN_PROCESS_VLLM_ENV = {
     "TOKENIZERS_PARALLELISM": "false",  # tokenizers' thread pool would fight the learner for the cores
 }
 DEFAULT_CPU_KV_CACHE_GIB = 1
+# The rendezvous of torch.distributed's default group. A process with an in-process vLLM engine has them set (TRL's
+# colocated sampler sets MASTER_PORT to the port its group's store listens on); a child process inheriting them would
+# try to listen on that same port.
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
 @contextlib.contextmanager
@@ -85,6 +91,30 @@ def preserved_torch_threads() -> Iterator[None]:
         if affinity is not None:
             os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
+
+
+def child_process_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process that starts its own run (a lab worker, a test's launcher):
+    without the torch.distributed rendezvous variables (``RENDEZVOUS_ENV``), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_ENV}
+    env.update(extra)
+    return env
+
+
+@functools.cache
+def native_bf16_gemm(device_type: str = "cpu") -> bool:
+    """Whether bf16 matrix products run natively on this machine's ``device_type``: any CUDA device, or a CPU with
+    AVX512-BF16 or AMX (oneDNN's bf16 kernels).
+
+    Elsewhere (e.g. AVX2-only CPUs) torch emulates bf16 GEMMs, measured 10x to 500x slower than float32 here, so the
+    NVFP4 layers (the sampler's CPU kernel, the emulated learner) multiply their bf16-exact operands in float32 and
+    round the product to bf16: the same values up to the accumulation order.
+    """
+    if device_type != "cpu":
+        return True
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def _clear_vllm_env_cache() -> None:

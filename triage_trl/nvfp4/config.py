@@ -16,7 +16,7 @@ from .recipes import RECIPES, Recipe
 Precision = Literal["bf16", "nvfp4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 LearnerScales = Literal["sampler", "dynamic"]
-EmulationDtype = Literal["bf16", "fp32"]
+EmulationDtype = Literal["auto", "bf16", "fp32"]
 
 
 @dataclass
@@ -76,10 +76,11 @@ class NVFP4Config:
         },
     )
     nvfp4_emulation_dtype: EmulationDtype = field(
-        default="bf16",
+        default="auto",
         metadata={
-            "help": "GEMM dtype of the emulated NVFP4 learner layers: `bf16` (what vLLM's NVFP4 emulation does; "
-            "exact for the dequantised operands with power-of-two scales) or `fp32`."
+            "help": "Output dtype of the emulated NVFP4 learner layers' GEMMs: `bf16` (products rounded to bf16, as "
+            "vLLM's bf16 engine does), `fp32`, or `auto`: what the sampler engine computes in on this machine (bf16, "
+            "or fp32 on CPUs without native bf16 GEMMs, where the engine runs in fp32)."
         },
     )
     nvfp4_four_over_six: bool = field(
@@ -153,6 +154,16 @@ class NVFP4Config:
             return self.nvfp4_learner_scales
         both = self.learner_precision == "nvfp4" and self.sampler_precision == "nvfp4"
         return "sampler" if both else "dynamic"
+
+    def resolved_nvfp4_emulation_dtype(self, device_type: str = "cpu") -> str:
+        """``nvfp4_emulation_dtype``, ``auto`` resolved for a learner on ``device_type``: ``"bf16"`` where bf16 GEMMs
+        run natively (``triage_trl.runtime.native_bf16_gemm``: CUDA, or CPUs with AVX512-BF16/AMX), else ``"fp32"``
+        (the sampler engine then runs in fp32 too: ``triage_trl.sampler.vllm_engine.engine_dtype``)."""
+        if self.nvfp4_emulation_dtype != "auto":
+            return self.nvfp4_emulation_dtype
+        from ..runtime import native_bf16_gemm
+
+        return "bf16" if native_bf16_gemm(device_type) else "fp32"
 
     def nvfp4_settings(self) -> dict:
         """The precision and NVFP4 fields as a plain dict, defaults resolved (for logs and model cards)."""

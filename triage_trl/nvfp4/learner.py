@@ -150,7 +150,7 @@ def convert_to_nvfp4_learner(
             continue
         parent, attr = _owner_of_base(root, name, module)
         setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
-            lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.nvfp4_emulation_dtype],
+            lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)],
             compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
             four_over_six=config.nvfp4_four_over_six))
     if native_names:

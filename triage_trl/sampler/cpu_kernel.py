@@ -46,6 +46,7 @@ from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearKernel, NvF
 from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
 
 from ..nvfp4.numerics import BLOCK_SIZE
+from ..runtime import native_bf16_gemm
 from ..nvfp4.quantize import nvfp4_fake_quantize_vllm
 
 logger = logging.getLogger(__name__)
@@ -101,10 +102,15 @@ def _warn_once(message: str) -> None:
 
 
 def _make_gemm(weight: torch.Tensor):
-    """The bf16 GEMM against ``weight`` [out, in]: vLLM's prepacked oneDNN matmul, or ``torch.matmul`` where vLLM
-    has no oneDNN or oneDNN has no bf16 primitive for this CPU (e.g. AVX2 only), as vLLM's own CPU linear does."""
+    """The bf16 GEMM against ``weight`` [out, in] (bf16-exact dequantised values), as vLLM's CPU linear does it:
+    vLLM's prepacked oneDNN matmul where this CPU multiplies bf16 natively (AVX512-BF16, AMX); elsewhere the product
+    of the same bf16 operands formed in float32 and rounded to bf16 (same values up to accumulation order; torch's
+    emulated bf16 GEMM is 10-500x slower there), or ``torch.matmul`` where vLLM has no oneDNN."""
     from vllm import _custom_ops as ops
 
+    if not native_bf16_gemm("cpu"):
+        weight32 = weight.float()
+        return (lambda x2d: torch.matmul(x2d.float(), weight32.t()).to(weight.dtype)), "torch.matmul (float32)"
     if getattr(ops, "_supports_onednn", False):
         try:
             handler = ops.create_onednn_mm(weight.t(), 32)
