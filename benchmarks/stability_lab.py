@@ -29,6 +29,7 @@ from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, lab_config
                                     settings_to_argv)
 from triage_trl.lab.worker import RUN_SUMMARY
 from triage_trl.runs import TINY_MODEL, resolve_model
+from triage_trl.runtime import child_process_env
 
 PLANNED_KEYS = ("scale", "model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
                 "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
@@ -74,7 +75,7 @@ def run_one(config: str, seed: int, run_dir: str, settings: dict) -> dict:
     with open(os.path.join(run_dir, "worker.log"), "w", encoding="utf-8") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_process_env(), check=False).returncode
     path = os.path.join(run_dir, RUN_SUMMARY)
     if not os.path.isfile(path):
         summary = {"config": config, "seed": seed, "status": f"failed: worker exited with code {rc} and no summary "

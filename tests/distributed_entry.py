@@ -50,11 +50,20 @@ def _engine_facts(gen) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from triage_trl.cli import main as cli_main
-    from triage_trl.trainer.sync_probe import probe_gap
+    from triage_trl.cli import build_trainer, parse_args
+    from triage_trl.runtime import vllm_process_settings
 
     before = _threads_and_affinity()
-    trainer = cli_main(argv)
+    with vllm_process_settings():
+        trainer = build_trainer(*parse_args(argv))
+        with trainer:  # closed after the report: the report runs one more sync and probe on the live engine
+            trainer.train()
+            report(trainer, before)
+
+
+def report(trainer, before: dict) -> None:
+    from triage_trl.trainer.sync_probe import probe_gap
+
     gen = trainer.vllm_generation
     # One more sync (every rank), then each rank's own probe against its own engine.
     gen.sync_weights()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from triage_trl.runtime import child_process_env
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,9 +39,9 @@ def sharded_run(tmp_path_factory, tiny_qwen3_dir):
             if mode == "zero3":
                 pytest.importorskip("deepspeed")
             out = tmp_path_factory.mktemp("-".join(key))
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                    str(REPO / "tests" / "sharded_worker.py"), *key, tiny_qwen3_dir, str(out)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
             cache[key] = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]

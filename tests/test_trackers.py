@@ -15,6 +15,8 @@ import sys
 import textwrap
 
 import pytest
+
+from triage_trl.runtime import child_process_env
 import yaml
 
 pytest.importorskip("trackio")
@@ -48,8 +50,8 @@ def test_triage_metrics_land_in_trackio_local_store(tmp_path):
     with open(os.path.join(ROOT, "recipes", "tiny_cpu.yaml"), encoding="utf-8") as f:
         report_to = yaml.safe_load(f)["report_to"]
     assert report_to == "trackio"
-    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = child_process_env(TRACKIO_DIR=str(tmp_path / "trackio"), HF_HUB_OFFLINE="1",
+                            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     script = tmp_path / "log_training.py"
     script.write_text(LOG_TRAINING)
     run([sys.executable, str(script), report_to, str(tmp_path / "out")], env, tmp_path)

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from triage_trl.runtime import child_process_env
+
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +58,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_quickstart_close_and_a_second_trainer_in_one_process(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = child_process_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SCENARIO], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1200)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

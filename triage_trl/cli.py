@@ -268,26 +268,34 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
     return PreparedRun(model_path, dataset, reward_funcs, quantization)
 
 
-def run(script_args: TriageScriptArguments, training_args, model_args, prepared: PreparedRun | None = None):
-    """Train: check the inputs (:func:`prepare`, unless given), build the trainer, train, and save the model, its
-    card, ``trainer_state.json`` and the report plots (``triage_trl.runs.finish_run``); the vLLM engine is closed at
-    the end. Returns the trainer."""
+def build_trainer(script_args: TriageScriptArguments, training_args, model_args, prepared: PreparedRun | None = None):
+    """The trainer of a run, not yet trained: checks the inputs (:func:`prepare`, unless given) and builds
+    ``TriageGRPOTrainer``, whose vLLM engine starts in this process. Call it inside
+    ``triage_trl.runtime.vllm_process_settings()``; close the trainer (``with trainer:``) when done."""
     from trl import get_peft_config
 
-    from .runs import finish_run
-    from .runtime import vllm_process_settings
     from .trainer import TriageGRPOTrainer
 
     prepared = prepared or prepare(script_args, training_args, model_args)
+    return TriageGRPOTrainer(
+        model=prepared.model_path,
+        reward_funcs=prepared.reward_funcs,
+        args=training_args,
+        train_dataset=prepared.dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=prepared.quantization_config,
+    )
+
+
+def run(script_args: TriageScriptArguments, training_args, model_args, prepared: PreparedRun | None = None):
+    """Train: check the inputs (:func:`prepare`, unless given), build the trainer, train, and save the model, its
+    card, ``trainer_state.json`` and the report plots (``triage_trl.runs.finish_run``); the vLLM engine is closed at
+    the end. Returns the (closed) trainer."""
+    from .runs import finish_run
+    from .runtime import vllm_process_settings
+
     with vllm_process_settings():
-        trainer = TriageGRPOTrainer(
-            model=prepared.model_path,
-            reward_funcs=prepared.reward_funcs,
-            args=training_args,
-            train_dataset=prepared.dataset,
-            peft_config=get_peft_config(model_args),
-            quantization_config=prepared.quantization_config,
-        )
+        trainer = build_trainer(script_args, training_args, model_args, prepared)
         with trainer:  # the engine is closed last: its teardown also ends torch.distributed's default group
             trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
             finish_run(trainer, dataset_name=script_args.dataset_name)

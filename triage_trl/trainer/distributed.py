@@ -12,6 +12,8 @@ Source: accelerate 1.15 ``state.py`` (``AcceleratorState`` enables FSDP and Deep
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -75,9 +77,14 @@ def launch_of(args) -> Launch:
 
 
 def _zero_stage(args) -> int:
+    # Read before TrainingArguments.__post_init__ builds `hf_deepspeed_config` (which needs DeepSpeed installed).
     hf_config = getattr(args, "hf_deepspeed_config", None)
-    if hf_config is not None:
-        return int(hf_config.config.get("zero_optimization", {}).get("stage", 0))
+    ds_config = hf_config.config if hf_config is not None else getattr(args, "deepspeed", None)
+    if isinstance(ds_config, str) and os.path.isfile(ds_config):
+        with open(ds_config) as f:
+            ds_config = json.load(f)
+    if isinstance(ds_config, dict):
+        return int(ds_config.get("zero_optimization", {}).get("stage", 0))
     return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0"))
 
 
@@ -88,6 +95,7 @@ def check_launch(args) -> None:
         args: a ``TriageGRPOConfig`` (its ``use_vllm``, ``learner_precision``, ``resolved_nvfp4_learner_scales``).
 
     Raises:
+        ImportError: a DeepSpeed launch without DeepSpeed installed.
         NotImplementedError: FSDP or DeepSpeed on CPU (accelerate would silently run plain data parallel), FSDP
             version 1 with the vLLM sampler, FSDP or ZeRO-3 with the NVFP4 learner mirroring the sampler's scales,
             DeepSpeed or FSDP with the NVFP4 learner (stale weight cache).
@@ -119,6 +127,8 @@ def check_launch(args) -> None:
             "DDP (accelerate_configs/multi_gpu.yaml) for the NVFP4 learner, or learner_precision='bf16' with "
             f"{launch.kind}."
         )
+    if launch.kind == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ImportError(f"{launch.describe()} needs DeepSpeed, which is not installed: pip install deepspeed.")
 
 
 def check_process_count(args) -> None:

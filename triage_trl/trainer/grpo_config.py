@@ -107,6 +107,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                 "TRIAGE's weights replace TRL's importance-sampling ratio. Unset vllm_importance_sampling_correction "
                 "(or set it to False), or use triage_mode='diagnose' to keep TRL's ratio and only measure."
             )
+        check_launch(self)  # before TRL's and transformers' checks, which need DeepSpeed installed for a ZeRO launch
         super().__post_init__()
         self.validate_triage()
         self.validate_nvfp4()
@@ -163,7 +164,6 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                     f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; "
                     f"got loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
                 )
-        check_launch(self)
         check_process_count(self)
         if self.use_vllm:
             check_generation_kwargs(self.generation_kwargs)
