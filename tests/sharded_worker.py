@@ -44,11 +44,15 @@ def _full(param) -> torch.Tensor:
 
 
 def _load_full_weights(reference, model) -> None:
-    """Copy the (gathered) current weights of the sharded ``model`` into the plain ``reference``."""
+    """Copy the (gathered) current weights of the sharded ``model`` into the plain ``reference`` (its NVFP4 weight
+    caches invalidated: it re-quantises at its next forward)."""
+    from triage_trl.nvfp4.learner import invalidate_nvfp4_weight_caches
+
     own = dict(reference.named_parameters())
     with torch.no_grad():
         for name, param in model.named_parameters():
             own[name].copy_(_full(param))
+    invalidate_nvfp4_weight_caches(reference)
 
 
 def _blocks_whole(model) -> int:
@@ -67,11 +71,15 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
     """(model, reference, step): the sharded NVFP4 learner, a plain copy of its starting weights, one optimizer step."""
     from transformers import AutoModelForCausalLM
 
+    from triage_trl.nvfp4.callbacks import NVFP4WeightCacheCallback
+    from triage_trl.nvfp4.config import NVFP4Config
     from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 
+    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
+                          nvfp4_learner_scales=None if scales == "bf16" else scales)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if scales != "bf16":
-        convert_to_nvfp4_learner(reference, native=False, scales=scales)
+        convert_to_nvfp4_learner(reference, config, native=False)
     if mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -87,6 +95,7 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
             model(input_ids=ids, labels=ids).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            NVFP4WeightCacheCallback().on_optimizer_step(None, None, None, model=model)  # as the trainer's callback
 
         return model, reference, step
     import deepspeed
@@ -101,12 +110,13 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
             if dist.get_rank() == 0:
                 param.copy_(state[name])
     if scales != "bf16":
-        convert_to_nvfp4_learner(model, native=False, scales=scales)
+        convert_to_nvfp4_learner(model, config, native=False)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ZERO3)
 
     def step():
         engine.backward(engine(input_ids=ids, labels=ids).loss)
         engine.step()
+        NVFP4WeightCacheCallback().on_optimizer_step(None, None, None, model=engine)  # as the trainer's callback
 
     return model, reference, step
 
@@ -136,9 +146,11 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
     rank = accelerator.process_index
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
-    model, reference, step = build(mode, scales, model_dir, torch.tensor([tokenizer(PROBE)["input_ids"]]))
+    probe_ids = torch.tensor([tokenizer(PROBE)["input_ids"]])
+    model, reference, step = build(mode, scales, model_dir, probe_ids)
     facts = {"rank": rank, "world_size": accelerator.num_processes, "mode": mode, "scales": scales,
-             "precision": precision, "gaps": [], "learner_diff": []}
+             "precision": precision, "gaps": [], "learner_diff": [], "learner_moved": []}
+    first_logits = None
     with vllm_process_settings(cpu_kv_cache_gib=1):
         gen = TriageVLLMGeneration(
             model, accelerator, tokenizer, sampler_precision=precision, calibration_prompts=PROMPTS,
@@ -156,9 +168,11 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
                 set_sampler_input_scales(reference, gen.input_global_scales)
             facts["gaps"].append(probe_gap(gen, reference, tokenizer))
             with torch.no_grad():  # the sharded learner's forward against the plain one on the same weights
-                ids = torch.tensor([tokenizer(PROBE)["input_ids"]])
-                diff = (model(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max()
+                logits = model(input_ids=probe_ids).logits
+                diff = (logits - reference(input_ids=probe_ids).logits).abs().max()
+            first_logits = logits if first_logits is None else first_logits
             facts["learner_diff"].append(float(diff))
+            facts["learner_moved"].append(float((logits - first_logits).abs().max()))  # the steps change the output
         scales = gen.input_global_scales
         facts["input_global_scales"] = {k: float(v) for k, v in (scales or {}).items()}
         selection = gen.nvfp4_selection

@@ -41,7 +41,8 @@ def ddp_ranks(tmp_path_factory):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO / "accelerate_configs" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
            str(REPO / "tests" / "distributed_entry.py"),
-           "--config", str(REPO / "recipes" / "tiny_cpu.yaml"), "--output_dir", str(out)]
+           "--config", str(REPO / "recipes" / "tiny_cpu.yaml"), "--output_dir", str(out),
+           "--report_to", "none"]  # the report's extra sync logs after train() has ended the tracker's run
     env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]

@@ -259,7 +259,10 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     dataset = build_dataset(script_args)
     check_reward_columns(reward_funcs, dataset.column_names)
-    model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)  # tiny-qwen3: built here
+    # The embedded model is converted into a cache and tiny-qwen3 built on first use: once per node, the other
+    # ranks wait and then read the finished files.
+    with training_args.main_process_first(local=True, desc="resolve the model"):
+        model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)
     check_model_source(model_path, revision=model_args.model_revision)
     model_init_kwargs = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
                          "revision": model_args.model_revision}
