@@ -73,24 +73,13 @@ def test_fsdp2_bf16_learner_follows_every_step(sharded_run):
         assert facts["learner_diff"] == [0.0, 0.0, 0.0, 0.0]
 
 
-CACHE = ("NVFP4EmulatedLinear keys its weight cache on (data_ptr, Tensor._version); FSDP2 all-gathers into the "
-         "unsharded parameters in place and ZeRO-3 re-gathers into reused storage, so a step can be missed "
-         "(intermittent); TriageGRPOConfig refuses FSDP and DeepSpeed with the NVFP4 learner until the cache is "
-         "invalidated by optimizer step.")
-SIBLINGS = ("NVFP4EmulatedLinear keeps its fused siblings' Parameter objects of before fully_shard, so its shared "
-            "weight scale (and cache key) stays at step 0; TriageGRPOConfig refuses FSDP with "
-            "nvfp4_learner_scales='sampler' until the learner resolves its siblings at call time.")
-
-
 @pytest.mark.parametrize(
     "mode, scales",
-    [
-        pytest.param("fsdp2", "dynamic", marks=pytest.mark.xfail(strict=False, reason=CACHE)),
-        pytest.param("zero3", "dynamic", marks=pytest.mark.xfail(strict=False, reason=CACHE)),
-        pytest.param("fsdp2", "sampler", marks=pytest.mark.xfail(strict=True, reason=SIBLINGS)),
-    ],
+    [("fsdp2", "dynamic"), ("zero3", "dynamic"), ("fsdp2", "sampler")],
 )
 def test_sharded_nvfp4_learner_follows_every_step(sharded_run, mode, scales):
     """The sharded learner's logits equal the plain learner's on the same weights after every step."""
     for facts in sharded_run(mode, scales):
         assert max(facts["learner_diff"]) < 1e-3, facts["learner_diff"]
+        # ... while the steps do move them (a learner stuck on stale weights would differ by this much)
+        assert facts["learner_moved"][0] == 0.0 and min(facts["learner_moved"][1:]) > 1e-2, facts["learner_moved"]

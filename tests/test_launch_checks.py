@@ -46,18 +46,15 @@ def launched(monkeypatch):
         (FSDP2, {}, NotImplementedError, "silently runs plain data parallel.*cpu_ddp.yaml"),
         (ZERO3, {}, NotImplementedError, "accelerate runs FSDP and DeepSpeed only on accelerators"),
         (FSDP1, {"use_cpu": False}, NotImplementedError, "fsdp_version: 2"),
-        (ZERO2, {"use_cpu": False, "learner_precision": "nvfp4"}, NotImplementedError,
-         r"\.data\.copy_.*learner_precision='bf16' with deepspeed"),
-        (FSDP2, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "nvfp4_learner_scales='dynamic'"),
-        (ZERO3, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "ZeRO-3 gathers only the running layer"),
-        (FSDP2, {"use_cpu": False, **NVFP4_BOTH, "nvfp4_learner_scales": "dynamic"}, NotImplementedError,
-         "in-place all-gather.*multi_gpu.yaml"),
+        (FSDP2, {"use_cpu": False, **NVFP4_BOTH}, NotImplementedError, "undoes the sharding.*nvfp4_weight_cache: false"),
+        (ZERO3, {"use_cpu": False, **NVFP4_BOTH, "nvfp4_weight_cache": False}, NotImplementedError,
+         "ZeRO-3 gathers only the running layer's weights.*nvfp4_learner_scales='dynamic'"),
         (ZERO3, {"use_cpu": False, "learner_precision": "nvfp4", "nvfp4_learner_scales": "dynamic"},
-         NotImplementedError, "stale weights"),
+         NotImplementedError, "nvfp4_weight_cache=True.*undoes the sharding"),
         ({"WORLD_SIZE": "2"}, {"use_cpu": False}, RuntimeError, "every process would train its own copy.*use_cpu"),
     ],
-    ids=["fsdp-on-cpu", "deepspeed-on-cpu", "fsdp1", "deepspeed-nvfp4-learner", "fsdp2-sampler-scales",
-         "zero3-sampler-scales", "fsdp2-nvfp4-learner", "zero3-nvfp4-learner", "processes-that-train-alone"],
+    ids=["fsdp-on-cpu", "deepspeed-on-cpu", "fsdp1", "fsdp2-nvfp4-learner-cache", "zero3-sampler-scales",
+         "zero3-nvfp4-learner-cache", "processes-that-train-alone"],
 )
 def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launched, env, overrides, error, match):
     launched(env)
@@ -65,16 +62,25 @@ def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launche
         config(tmp_path, **overrides)
 
 
+NO_CACHE = {"nvfp4_weight_cache": False}
+
+
 @pytest.mark.parametrize(
     "env, overrides, kind",
     [
         (FSDP2, {"use_cpu": False, "sampler_precision": "nvfp4"}, "fsdp"),
+        (FSDP2, {"use_cpu": False, **NVFP4_BOTH, **NO_CACHE}, "fsdp"),
+        (FSDP2, {"use_cpu": False, "learner_precision": "nvfp4", **NO_CACHE}, "fsdp"),
         ({"WORLD_SIZE": "1"}, {"use_cpu": False, **NVFP4_BOTH}, "single"),
         (ZERO3, {"use_cpu": False, "sampler_precision": "nvfp4"}, "deepspeed"),
+        (ZERO3, {"use_cpu": False, "learner_precision": "nvfp4", "nvfp4_learner_scales": "dynamic", **NO_CACHE},
+         "deepspeed"),
         (ZERO2, {"use_cpu": False}, "deepspeed"),
+        (ZERO2, {"use_cpu": False, **NVFP4_BOTH}, "deepspeed"),
         ({}, NVFP4_BOTH, "single"),
     ],
-    ids=["fsdp2-bf16-learner", "ddp-launcher-one-process", "zero3-bf16-learner", "zero2-bf16", "single-nvfp4"],
+    ids=["fsdp2-bf16-learner", "fsdp2-nvfp4-sampler-scales", "fsdp2-nvfp4-dynamic", "ddp-launcher-one-process",
+         "zero3-bf16-learner", "zero3-nvfp4-dynamic", "zero2-bf16", "zero2-nvfp4", "single-nvfp4"],
 )
 def test_supported_launches_build_their_config(tmp_path, launched, env, overrides, kind):
     launched(env)

@@ -337,3 +337,20 @@ def test_converted_model_shares_one_weight_generation(tiny_model_dir):
     assert len(layers) == 14 * 3 // 2 and len({id(m.weight_generation) for m in layers}) == 1
     assert not any(m.cache_weights for m in layers)
     assert invalidate_nvfp4_weight_caches(model) == 21 and layers[0].weight_generation.value == 1
+
+
+def test_fused_group_scale_reads_the_siblings_current_weights(tiny_model_dir):
+    """FSDP2's ``fully_shard`` replaces every Parameter object (and sets the unsharded ones for each forward): the
+    shared q/k/v weight scale must follow the sibling's weight the module holds now, not the object of conversion."""
+    from triage_trl.nvfp4.numerics import global_scale_from_amax
+
+    model = _load(tiny_model_dir).float()
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
+    attn = model.model.layers[0].self_attn
+    before = attn.q_proj.weight_per_tensor_scale()
+    bigger = 8 * max(m.weight.detach().abs().amax() for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    k = attn.k_proj.weight.detach()
+    attn.k_proj.weight = nn.Parameter(k * (bigger / k.abs().amax()))  # a new object, as fully_shard sets
+    after = attn.q_proj.weight_per_tensor_scale()
+    assert torch.equal(after, 1.0 / global_scale_from_amax(bigger.float()))
+    assert after.item() >= 4 * before.item()  # power-of-two scales: at least two binades up

@@ -90,7 +90,8 @@ class NVFP4EmulatedLinear(nn.Linear):
     recipe);
     ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.export``): the weight's
     per-tensor scale is the export's power-of-two scale of its vLLM-fused group (q/k/v, gate/up:
-    ``weight_scale_group``), and the activations use the sampler's static calibrated scale
+    ``weight_scale_group``, the group's layers, whose weights are read at each quantisation), and the activations
+    use the sampler's static calibrated scale
     (``input_global_scale``, set by ``set_sampler_input_scales``; dynamic until first set), quantised with vLLM's
     rule (``numerics.quant_dequant_vllm``). Given the same input, this layer and the sampler's then compute the
     same operands bit for bit; the residual learner-sampler mismatch is the engines' own (GEMM order, attention,
@@ -164,7 +165,9 @@ class NVFP4EmulatedLinear(nn.Linear):
         """
         if self.weight_scale_group is None:
             return per_tensor_scale_from_amax(self._weight_amax(self.weight))
-        amax = torch.stack([self._weight_amax(w) for w in self.weight_scale_group]).amax()
+        # The siblings' `weight` is read now, not kept from conversion: FSDP2 replaces the Parameter objects at
+        # fully_shard and sets the unsharded ones for each forward.
+        amax = torch.stack([self._weight_amax(m.weight) for m in self.weight_scale_group]).amax()
         return 1.0 / global_scale_from_amax(amax)
 
     def fake_quantized_weight(self) -> torch.Tensor:

@@ -202,9 +202,8 @@ def _share_weight_scales_in_fused_groups(model: nn.Module) -> None:
         if isinstance(lin, NVFP4EmulatedLinear):
             groups.setdefault(fused_group(name), []).append(lin)
     for members in groups.values():
-        weights = tuple(m.weight for m in members)
         for m in members:
-            m.weight_scale_group = weights
+            m.weight_scale_group = tuple(members)  # a plain attribute: not registered as submodules
 
 
 def _apply_native(root: nn.Module, linears, names: set[str]) -> None:

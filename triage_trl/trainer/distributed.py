@@ -23,13 +23,6 @@ import torch
 __all__ = ["Launch", "check_launch", "check_process_count", "launch_of", "per_rank", "sampler_checkpoint_dir"]
 
 CPU_DDP_CONFIG = "accelerate_configs/cpu_ddp.yaml"
-# Launches under which the NVFP4 learner's cached fake-quantised weights can go stale, because its cache key is
-# (data_ptr, Tensor._version): DeepSpeed writes updated parameters with `.data.copy_` (no version bump) and ZeRO-3
-# re-gathers into reused storage; FSDP2 all-gathers into the unsharded parameters in place. Both reproduced with two
-# processes in tests/test_distributed_sharded.py. Lifted when the cache is invalidated by optimizer step.
-STALE_LEARNER_CACHE_LAUNCHES = ("deepspeed", "fsdp")
-
-
 @dataclass(frozen=True)
 class Launch:
     """The parallelism a run was launched with.
@@ -97,8 +90,8 @@ def check_launch(args) -> None:
     Raises:
         ImportError: a DeepSpeed launch without DeepSpeed installed.
         NotImplementedError: FSDP or DeepSpeed on CPU (accelerate would silently run plain data parallel), FSDP
-            version 1 with the vLLM sampler, FSDP or ZeRO-3 with the NVFP4 learner mirroring the sampler's scales,
-            DeepSpeed or FSDP with the NVFP4 learner (stale weight cache).
+            version 1 with the vLLM sampler, ZeRO-3 with the NVFP4 learner mirroring the sampler's scales, FSDP2 or
+            ZeRO-3 with the NVFP4 learner's weight cache on (a whole weight per layer and rank).
     """
     launch = launch_of(args)
     if launch.kind in ("fsdp", "deepspeed") and launch.cpu:
@@ -111,21 +104,19 @@ def check_launch(args) -> None:
             f"{launch.describe()}: the vLLM sampler's sync gathers FSDP2 (DTensor) parameters one decoder block at a "
             "time; FSDP1's flat parameters are not supported. Set fsdp_version: 2 (accelerate_configs/fsdp2.yaml)."
         )
-    mirrors_sampler = args.learner_precision == "nvfp4" and args.resolved_nvfp4_learner_scales == "sampler"
-    if launch.shards_parameters and mirrors_sampler:
+    nvfp4_learner = args.learner_precision == "nvfp4"
+    if launch.kind == "deepspeed" and launch.zero_stage == 3 and nvfp4_learner \
+            and args.resolved_nvfp4_learner_scales == "sampler":
         raise NotImplementedError(
-            f"{launch.describe()} with nvfp4_learner_scales='sampler': each emulated layer computes its shared weight "
-            "scale from its fused siblings' parameters, held as the objects of before sharding (FSDP2 replaces them; "
-            "ZeRO-3 gathers only the running layer), so the learner would keep step-0 weights. Set "
-            "nvfp4_learner_scales='dynamic' (torchao's recipe), or use DDP (accelerate_configs/multi_gpu.yaml)."
+            f"{launch.describe()} with nvfp4_learner_scales='sampler': each emulated layer's weight scale is shared "
+            "with its vLLM-fused siblings (q/k/v, gate/up), and ZeRO-3 gathers only the running layer's weights. "
+            "Set nvfp4_learner_scales='dynamic' (torchao's recipe), or use FSDP2 (accelerate_configs/fsdp2.yaml)."
         )
-    if launch.kind in STALE_LEARNER_CACHE_LAUNCHES and args.learner_precision == "nvfp4":
+    if launch.shards_parameters and nvfp4_learner and args.nvfp4_weight_cache:
         raise NotImplementedError(
-            f"{launch.describe()} with learner_precision='nvfp4': the NVFP4 learner caches its quantised weights by "
-            "tensor version and address, and DeepSpeed (`.data.copy_`, re-gathered storage) and FSDP2 (in-place "
-            "all-gather) update parameters without changing either, so training would run on stale weights. Use "
-            "DDP (accelerate_configs/multi_gpu.yaml) for the NVFP4 learner, or learner_precision='bf16' with "
-            f"{launch.kind}."
+            f"{launch.describe()} with learner_precision='nvfp4' and nvfp4_weight_cache=True: the cache keeps each "
+            "layer's dequantised weight whole on every rank between steps, which undoes the sharding. Set "
+            "nvfp4_weight_cache: false (the layers re-quantise at each forward; docs/scale.md)."
         )
     if launch.kind == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise ImportError(f"{launch.describe()} needs DeepSpeed, which is not installed: pip install deepspeed.")
