@@ -226,7 +226,7 @@ def test_worker_records_a_failed_run(tmp_path, monkeypatch):
 
     settings = {**scale_preset("smoke"), "scale": "smoke", "model": "/no/such/model", "task": "no_such_task"}
     summary = run("triage", 0, str(tmp_path / "run"), settings)
-    assert summary["status"].startswith("failed: ValueError: task='no_such_task'")
+    assert summary["status"].startswith("failed: FileNotFoundError: Model folder /no/such/model does not exist")
     with open(tmp_path / "run" / "run_summary.json") as f:
         assert json.load(f)["status"] == summary["status"]
     assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()

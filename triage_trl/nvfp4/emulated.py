@@ -49,7 +49,7 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
         x_dq = x_dq.to(dtype).to(gemm_dtype)
         w = weight_dq.to(dtype).to(gemm_dtype)
         ctx.save_for_backward(x_dq, w)
-        ctx.weight_dtype, ctx.input_dtype = weight.dtype, x.dtype
+        ctx.weight_dtype, ctx.input_dtype, ctx.compute_dtype = weight.dtype, x.dtype, dtype
         out = F.linear(x_dq, w, None if bias is None else bias.to(dtype).to(gemm_dtype))
         return out.to(dtype).to(x.dtype)
 
@@ -57,13 +57,14 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
     def backward(ctx, grad_out):
         x_dq, w = ctx.saved_tensors
         grad_x = grad_w = grad_b = None
-        g = grad_out.to(w.dtype)
+        dtype = ctx.compute_dtype  # as in forward: operands and products rounded to it, formed in w.dtype
+        g = grad_out.to(dtype).to(w.dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = (g @ w).to(ctx.input_dtype)
+            grad_x = (g @ w).to(dtype).to(ctx.input_dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
             g2 = g.reshape(-1, g.shape[-1])
             if ctx.needs_input_grad[1]:
-                grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(ctx.weight_dtype)
+                grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(dtype).to(ctx.weight_dtype)
             if ctx.needs_input_grad[3]:
                 grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
         return grad_x, grad_w, None, grad_b, None, None, None

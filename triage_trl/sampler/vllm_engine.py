@@ -230,14 +230,14 @@ def _count_linear_kernels(model) -> tuple[dict[str, int], set[str]]:
 
 
 def engine_dtype() -> torch.dtype:
-    """The dtype the engine computes in: bf16, or float32 on a CPU without native bf16 GEMMs
-    (``triage_trl.runtime.native_bf16_gemm``), where torch's emulated bf16 products are 10-500x slower. The weights
-    are bf16 values either way (:func:`to_sampler_dtype`); only activations and products keep float32 precision."""
-    from vllm.platforms import current_platform
+    """The dtype the engine computes in: bf16 on every platform.
 
-    from ..runtime import native_bf16_gemm
-
-    return SAMPLER_PRECISION_DTYPE if native_bf16_gemm(current_platform.device_type) else torch.float32
+    Not float32 on CPUs without native bf16 GEMMs (AVX2 only), although torch's emulated bf16 products are 10-500x
+    slower there: vLLM 0.31's CPU linears prepack float32 weights for oneDNN and drop the originals, and after
+    ``reload_weights`` such an engine computed with garbage (8 nats of log-prob gap on SmolLM2-135M, measured on an
+    AVX2 AMD EPYC). The NVFP4 layers' own GEMMs (``cpu_kernel``) form their bf16 products in float32 there instead.
+    """
+    return SAMPLER_PRECISION_DTYPE
 
 
 def needs_cast(name: str, tensor: torch.Tensor) -> bool:
