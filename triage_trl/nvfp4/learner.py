@@ -130,8 +130,9 @@ def convert_to_nvfp4_learner(
             native_names.add(name)
             continue
         parent, attr = _owner_of_base(root, name, module)
+        compute_dtype = _COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)]
         setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
-            lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)],
+            lin, name=name, compute_dtype=compute_dtype,
             compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
             four_over_six=config.nvfp4_four_over_six, quantize_input=config.quantizes_activations))
     if native_names:

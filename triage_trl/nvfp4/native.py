@@ -17,7 +17,8 @@ learner-sampler gap.
 Shapes: ``nvfp4_mm_triton`` requires ``M, K, N`` divisible by 128 with ``M = input.shape[-2]``, the sequence length
 of Hugging Face's ``[B, T, K]`` activations. Layers whose K or N are not multiples of 128 stay emulated; the sequence
 length comes from TRL's ``pad_to_multiple_of`` (checked at config time by :func:`check_native_padding`) and from the
-sync probe's padding. Calibration needs none: it runs the float master model (``calibration.nvfp4_quantizers_disabled``).
+sync probe's padding. Calibration needs none: it runs the float master model, native layers included
+(``calibration.nvfp4_quantizers_disabled``), on unpadded prompts, so padding never enters the activation scales.
 
 Source: torchao 0.18 ``prototype/moe_training/nvfp4_training`` (``nvfp4_training.py``, ``nvfp4_linear.py``,
 ``quantize_2d_triton.py``).

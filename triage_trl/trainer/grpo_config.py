@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..nvfp4.config import NVFP4Config
+from ..nvfp4.native import check_native_padding
 from ..triage_config import TriageConfig
 from .distributed import check_launch, check_process_count
 from .sampling_rules import check_comparable_sampling, check_generation_kwargs
@@ -164,6 +165,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                     f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; "
                     f"got loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
                 )
+        check_native_padding(self)
         check_process_count(self)
         if self.use_vllm:
             check_generation_kwargs(self.generation_kwargs)
