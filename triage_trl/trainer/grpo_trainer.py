@@ -319,7 +319,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         if self.nvfp4_learner_report is not None:
             from ..nvfp4.learner import learner_execution_summary
 
-            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model)}
+            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model),
+                      "activations": "nvfp4" if self.args.quantizes_activations else "bf16 (weight-only, W4A16)"}
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
