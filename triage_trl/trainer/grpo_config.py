@@ -152,7 +152,10 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             raise NotImplementedError(
                 f"vllm_mode={self.vllm_mode!r} with triage_mode={self.triage_mode!r}, learner_precision="
                 f"{self.learner_precision!r}, sampler_precision={self.sampler_precision!r}: the sync probe and the "
-                "NVFP4 export need the engine in the trainer's process. Use vllm_mode='colocate' (docs/scale.md)."
+                "NVFP4 export need the engine in the trainer's process. Run the same command with "
+                "`--vllm_mode colocate` (no `trl vllm-serve`; every training process starts its own engine, "
+                "`--vllm_gpu_memory_utilization` sets its share of the GPU), or keep the server with "
+                "triage_mode='off' and bf16 precisions (plain TRL GRPO). See docs/scale.md."
             )
         if self.triage_mode != "off":
             if not self.use_vllm:
