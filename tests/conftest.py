@@ -204,3 +204,16 @@ def smollm2_dir():
 
     return resolve_model_path()
 # --- end demo / embedded model fixtures ---
+
+
+# --- device fixtures (scripts/gpu_check.py) ---
+@pytest.fixture(scope="session")
+def test_device():
+    """The device the device-aware tests run on: ``TRIAGE_TEST_DEVICE`` (``cpu`` by default; ``scripts/gpu_check.py``
+    sets ``cuda``). Skips, with the reason, when CUDA is asked for and absent."""
+    import torch
+
+    device = os.environ.get("TRIAGE_TEST_DEVICE", "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"TRIAGE_TEST_DEVICE={device} but torch sees no CUDA device")
+    return torch.device(device)

@@ -17,6 +17,8 @@ Precision = Literal["bf16", "nvfp4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 LearnerScales = Literal["sampler", "dynamic"]
 EmulationDtype = Literal["auto", "bf16", "fp32"]
+LearnerKernel = Literal["auto", "native", "emulated"]
+SamplerKernel = Literal["auto", "w4a4", "w4a4_emulation", "weight_only"]
 
 
 @dataclass
@@ -92,6 +94,26 @@ class NVFP4Config:
             "docs/nvfp4.md for what it gains."
         },
     )
+    nvfp4_learner_kernel: LearnerKernel = field(
+        default="auto",
+        metadata={
+            "help": "How the NVFP4 learner layers run: `native` (torchao's NVFP4 training kernels, sm100+ GPUs: "
+            "dynamic scales, 2-D 16x16 weight blocks, NVFP4 backward; needs pad_to_multiple_of=128), `emulated` "
+            "(fake quantisation, any device, the sampler's recipe) or `auto` (native where the GPU and the recipe "
+            "allow it: dynamic learner scales, no 4 over 6, activations quantised; else emulated, logged)."
+        },
+    )
+    nvfp4_sampler_kernel: SamplerKernel = field(
+        default="auto",
+        metadata={
+            "help": "Which vLLM linear kernels the NVFP4 sampler runs, and so the recipe both engines run: `w4a4` "
+            "(vLLM's own W4A4 kernels: CUTLASS/FlashInfer on sm100+, the project's CPU kernel on CPU; the start "
+            "fails if vLLM picks a weight-only kernel), `w4a4_emulation` (vLLM's W4A4 emulation, any GPU, slower), "
+            "`weight_only` (vLLM's weight-only NVFP4 kernel, Marlin, and the learner's activations left unquantised "
+            "too: both engines W4A16; GPU only) or `auto` (`w4a4` on sm100+ and CPU, `w4a4_emulation` on older GPUs "
+            "such as Hopper, where vLLM would otherwise fall back to weight-only Marlin). See docs/gpu.md."
+        },
+    )
     nvfp4_compile: bool = field(
         default=True,
         metadata={
@@ -136,6 +158,20 @@ class NVFP4Config:
         if self.nvfp4_learner_scales is not None:
             _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
         _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
+        _choice("nvfp4_learner_kernel", self.nvfp4_learner_kernel, get_args(LearnerKernel))
+        _choice("nvfp4_sampler_kernel", self.nvfp4_sampler_kernel, get_args(SamplerKernel))
+        if self.nvfp4_sampler_kernel == "weight_only" and self.sampler_precision != "nvfp4":
+            raise ValueError(
+                "nvfp4_sampler_kernel='weight_only' chooses the NVFP4 sampler's kernel (and makes the learner "
+                f"weight-only to match), but sampler_precision={self.sampler_precision!r}: set "
+                "sampler_precision='nvfp4', or leave nvfp4_sampler_kernel='auto'."
+            )
+        blockers = self.native_learner_blockers()
+        if self.nvfp4_learner_kernel == "native" and blockers:
+            raise ValueError(
+                f"nvfp4_learner_kernel='native' cannot run this recipe: {'; '.join(blockers)}. Set "
+                "nvfp4_learner_kernel='emulated' (or 'auto'), or change the settings named."
+            )
         if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
             raise ValueError(
                 "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="
@@ -164,6 +200,25 @@ class NVFP4Config:
         from ..runtime import native_bf16_gemm
 
         return "bf16" if native_bf16_gemm(device_type) else "fp32"
+
+    @property
+    def quantizes_activations(self) -> bool:
+        """Whether the NVFP4 layers quantise their inputs (W4A4), in both engines; ``False`` only for
+        ``nvfp4_sampler_kernel="weight_only"`` (W4A16)."""
+        return self.nvfp4_sampler_kernel != "weight_only"
+
+    def native_learner_blockers(self) -> list[str]:
+        """Why torchao's native NVFP4 training kernels cannot run this recipe (empty: they can). They compute their
+        own dynamic scales, quantise every input and use plain block scales."""
+        blockers = []
+        if self.resolved_nvfp4_learner_scales == "sampler":
+            blockers.append("nvfp4_learner_scales='sampler' (the native kernels compute their own dynamic scales; "
+                            "set nvfp4_learner_scales='dynamic')")
+        if self.nvfp4_four_over_six:
+            blockers.append("nvfp4_four_over_six (the native kernels use plain block scales)")
+        if not self.quantizes_activations:
+            blockers.append("nvfp4_sampler_kernel='weight_only' (the native kernels quantise every input)")
+        return blockers
 
     def nvfp4_settings(self) -> dict:
         """The precision and NVFP4 fields as a plain dict, defaults resolved (for logs and model cards)."""

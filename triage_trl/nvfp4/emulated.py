@@ -1,5 +1,5 @@
 """The learner's NVFP4 W4A4 linear layer, emulated: ``NVFP4EmulatedLinear`` (fake-quantised operands, a
-straight-through backward), with the numbers of torchao's native kernels or of the vLLM sampler."""
+straight-through backward), with torchao's dynamic recipe or the vLLM sampler's static one."""
 
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
     and the weight's dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled):
+    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled, quantize_input=True):
         dtype = compute_dtype or x.dtype
-        if input_global_scale is None:  # torchao's dynamic recipe
+        if not quantize_input:  # weight-only (W4A16): what vLLM's weight-only NVFP4 kernels compute
+            x_dq = x.detach()
+        elif input_global_scale is None:  # torchao's dynamic recipe
             x_dq = nvfp4_fake_quantize(x, compiled=compiled)
         else:  # the sampler's static scale, quantised as vLLM does
             x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale, compiled=compiled)
@@ -67,7 +69,7 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
                 grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(dtype).to(ctx.weight_dtype)
             if ctx.needs_input_grad[3]:
                 grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
-        return grad_x, grad_w, None, grad_b, None, None, None
+        return grad_x, grad_w, None, grad_b, None, None, None, None
 
 
 class NVFP4EmulatedLinear(nn.Linear):
@@ -78,14 +80,13 @@ class NVFP4EmulatedLinear(nn.Linear):
     FP32 per-tensor scale ``amax / 2688``, dynamic per call for the activations ``x`` [..., in],
     per weight version for ``W`` [out, in]). Backward: straight-through to ``x`` and ``W``.
 
-    Matches the native sm100 kernel: the E2M1 codes, block scales and tensor scales of the
-    forward operands (torchao's quantiser, bit for bit), hence every product. Differs: the
-    matmul accumulates in the compute dtype's BLAS order (the native kernel accumulates FP4
-    products in FP32 inside the tensor core, then scales) so outputs differ by rounding; torchao's
-    native path quantises the weight with its 2-D Triton kernel and the activations after its own
-    amax kernel; and its backward GEMMs run in NVFP4 with Hadamard transforms and stochastic
-    rounding, whereas this backward uses the dequantised forward operands and full-precision
-    gradients.
+    Relation to torchao's native sm100 path (``triage_trl.nvfp4.native``): with dynamic scales the activations follow
+    the same rule (1x16 blocks, dynamic per-tensor scale; not compared bit for bit with the Triton kernel), but the
+    native kernels quantise the weight with one scale per 2-D 16x16 block (this layer, like the vLLM checkpoint, one
+    per 1x16 row block), accumulate FP4 products inside the tensor core, and run the backward GEMMs in NVFP4 with
+    Hadamard transforms and stochastic rounding, whereas this backward uses the dequantised forward operands and
+    full-precision gradients. The two recipes are close, not bit-identical; the sync probe measures the
+    learner-sampler gap either way.
 
     Scales (``nvfp4_learner_scales`` of ``convert_to_nvfp4_learner``'s config): ``"dynamic"`` as above (torchao's
     recipe);
@@ -124,6 +125,7 @@ class NVFP4EmulatedLinear(nn.Linear):
         cache_weights: bool = True,
         generation: NVFP4WeightGeneration | None = None,
         four_over_six: bool = False,
+        quantize_input: bool = True,
     ) -> NVFP4EmulatedLinear:
         """Wrap ``linear``'s own ``weight``/``bias`` Parameters (shared, not copied).
 
@@ -134,6 +136,8 @@ class NVFP4EmulatedLinear(nn.Linear):
             cache_weights: keep the fake-quantised weight until ``generation`` advances (see the class docstring).
             generation: the model's ``NVFP4WeightGeneration`` (``None``: a new one for this layer alone).
             four_over_six: "4 over 6" weight block scales, as the export's (``numerics.quantize_torchao``).
+            quantize_input: quantise the input (W4A4, default); ``False`` leaves it in high precision (W4A16, the
+                recipe of vLLM's weight-only NVFP4 kernels).
         """
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -145,6 +149,7 @@ class NVFP4EmulatedLinear(nn.Linear):
         new.compiled = compiled
         new.cache_weights = cache_weights
         new.four_over_six = four_over_six
+        new.quantize_input = quantize_input
         new.weight_generation = generation if generation is not None else NVFP4WeightGeneration()
         new.weight_scale_group = None
         new.input_global_scale = None
@@ -189,10 +194,11 @@ class NVFP4EmulatedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _EmulatedW4A4Matmul.apply(
             x, self.weight, self.fake_quantized_weight(), self.bias, self.input_global_scale, self.compute_dtype,
-            self.compiled,
+            self.compiled, self.quantize_input,
         )
 
     def extra_repr(self) -> str:
         scales = "sampler" if self.weight_scale_group is not None else "dynamic"
         rule = ", 4 over 6" if self.four_over_six else ""
-        return super().extra_repr() + f", nvfp4=emulated W4A4, scales={scales}{rule}"
+        kind = "W4A4" if self.quantize_input else "W4A16"
+        return super().extra_repr() + f", nvfp4=emulated {kind}, scales={scales}{rule}"

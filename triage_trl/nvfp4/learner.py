@@ -1,20 +1,24 @@
-"""Convert a transformers model's NVFP4 layers into the learner's W4A4 linears: torchao's native training path, or
+"""Convert a transformers model's NVFP4 layers into the learner's NVFP4 linears: torchao's native training path, or
 an exact emulation.
 
 ``convert_to_nvfp4_learner(model, config)`` swaps, in place, the linears the model's NVFP4 layer selection
 (``triage_trl.nvfp4.selection``, the same one the sampler's export reads) runs in NVFP4:
 
-* **native** (sm100+ GPU, torchao ``NVFP4TrainingConfig`` through ``quantize_`` with a filter):
-  torchao's ``NVFP4Linear``; all three GEMMs run in NVFP4 (backward with random Hadamard
-  transforms and stochastic rounding). torchao requires in/out features divisible by 128 (and the
-  token count M divisible by 128 at run time); other layers fall back to the emulation.
-* **emulated** (CPU, Hopper, anything else): ``NVFP4EmulatedLinear`` (``triage_trl.nvfp4.emulated``).
+* **native** (sm100+ GPU, torchao ``NVFP4TrainingConfig`` through ``quantize_`` with a filter; ``nvfp4.native``):
+  torchao's ``NVFP4Linear``; all three GEMMs run in NVFP4 (backward with random Hadamard transforms and stochastic
+  rounding), with torchao's own recipe (2-D 16x16 weight blocks, dynamic activation scales), so only where the
+  config's recipe is torchao's (``NVFP4Config.native_learner_blockers``). torchao requires in/out features divisible
+  by 128 (other layers are emulated) and the sequence length too (``pad_to_multiple_of=128``).
+* **emulated** (CPU, Hopper, anything else): ``NVFP4EmulatedLinear`` (``triage_trl.nvfp4.emulated``), W4A4, or W4A16
+  with ``nvfp4_sampler_kernel="weight_only"``.
 
-Native or emulated is an execution path (``learner_execution_paths``), not a precision choice: both quantise the
-same layers.
+Native or emulated is an execution path (``learner_execution_paths``), not a layer choice: both quantise the same
+layers.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
@@ -22,9 +26,13 @@ from torch import nn
 from .config import NVFP4Config
 from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
 from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears
+from .native import NATIVE_MULTIPLE, apply_native, choose_learner_path, native_nvfp4_available
 from .selection import NVFP4LayerSelection, nvfp4_layer_selection
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "NATIVE_MULTIPLE",
     "NVFP4EmulatedLinear",
     "convert_to_nvfp4_learner",
     "invalidate_nvfp4_weight_caches",
@@ -35,7 +43,6 @@ __all__ = [
     "set_sampler_input_scales",
 ]
 
-NATIVE_MULTIPLE = 128  # torchao nvfp4_mm_triton: M, K, N divisible by 128
 _COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -66,27 +73,6 @@ def set_sampler_input_scales(model: nn.Module, input_global_scales: dict[str, to
     return count
 
 
-def native_nvfp4_available(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """Whether torchao's native NVFP4 training path can run on ``device`` (default: current CUDA).
-
-    Returns ``(ok, reason)``; needs a CUDA device of compute capability >= 10.0 (sm100) and
-    ``torchao.prototype.moe_training.nvfp4_training``.
-    """
-    if not torch.cuda.is_available():
-        return False, "no CUDA device"
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    if dev.type != "cuda":
-        return False, f"model is on {dev.type}, not CUDA"
-    major, minor = torch.cuda.get_device_capability(dev)
-    if major < 10:
-        return False, f"GPU is sm{major}{minor}; torchao's NVFP4 training kernels need sm100+"
-    try:
-        from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure means no native path
-        return False, f"torchao NVFP4 training unavailable ({err})"
-    return True, ""
-
-
 def _owner_of_base(root: nn.Module, name: str, module: nn.Module) -> tuple[nn.Module, str]:
     """(parent, attribute) holding the innermost base linear of logical linear ``name``."""
     if not is_lora_layer(module):
@@ -98,7 +84,7 @@ def _owner_of_base(root: nn.Module, name: str, module: nn.Module) -> tuple[nn.Mo
 
 
 def convert_to_nvfp4_learner(
-    model: nn.Module, config: NVFP4Config | None = None, *, native: bool | str = "auto"
+    model: nn.Module, config: NVFP4Config | None = None, *, native: bool | str | None = None
 ) -> NVFP4LayerSelection:
     """Put NVFP4 W4A4 linears into the layers the model's NVFP4 selection chooses, in place.
 
@@ -110,8 +96,10 @@ def convert_to_nvfp4_learner(
             (``resolved_nvfp4_learner_scales``: ``"dynamic"``, torchao's recipe, or ``"sampler"``, the sampler
             checkpoint's power-of-two weight scales shared within vLLM-fused groups and static activation scales
             from ``set_sampler_input_scales``), GEMM dtype (``nvfp4_emulation_dtype``) and
-            ``nvfp4_compile``. Native layers use torchao's own scales.
-        native: ``"auto"`` uses torchao's native path where the GPU (sm100+) and shapes allow, else emulation;
+            ``nvfp4_compile``; activations quantised unless ``nvfp4_sampler_kernel="weight_only"``. Native layers use
+            torchao's own recipe, so they are taken only where the config's recipe is torchao's.
+        native: ``None`` (default) follows ``config.nvfp4_learner_kernel``; ``"auto"`` uses torchao's native path
+            where the GPU (sm100+), the recipe and the shapes allow, else emulation (the reason is logged);
             ``True`` requires native; ``False`` always emulates.
 
     Returns:
@@ -119,24 +107,17 @@ def convert_to_nvfp4_learner(
         ``learner_execution_paths(model)`` says which layers run natively.
 
     Raises:
-        ValueError: ``native=True`` where native NVFP4 training is unavailable (use ``native=False`` or ``"auto"``
-            for the emulated W4A4 path); ``native`` not one of True/False/"auto"; an invalid ``config``; the model
-            already has a selection from other settings.
+        ValueError: ``native=True`` where native NVFP4 training is unavailable or cannot run the recipe (use
+            ``native=False`` or ``"auto"`` for the emulated W4A4 path); ``native`` not one of None/True/False/"auto";
+            an invalid ``config``; the model already has a selection from other settings.
     """
-    if native not in (True, False, "auto"):
-        raise ValueError(f"native must be True, False or 'auto', got {native!r}.")
     config = config if config is not None else NVFP4Config()
+    config.validate_nvfp4()
     root = hf_model(model)
     param = next(root.parameters(), None)
-    native_ok, native_why = (False, "native=False") if native is False else native_nvfp4_available(
-        param.device if param is not None else None)
-    if native_ok and config.nvfp4_four_over_six:
-        native_ok, native_why = False, "nvfp4_four_over_six: torchao's native kernels use plain block scales"
-    if native is True and not native_ok:
-        raise ValueError(
-            f"native NVFP4 training is unavailable here ({native_why}). Use native=False (or "
-            "native='auto') for the emulated W4A4 path, which runs on any device."
-        )
+    native_ok, native_why = choose_learner_path(config, native, param.device if param is not None else None)
+    if not native_ok:
+        logger.info("NVFP4 learner: emulated layers (%s).", native_why)
     selection = nvfp4_layer_selection(model, config)
     generation = root.__dict__.setdefault("nvfp4_weight_generation", NVFP4WeightGeneration())
     linears = list(iter_logical_linears(model))
@@ -149,10 +130,11 @@ def convert_to_nvfp4_learner(
             native_names.add(name)
             continue
         parent, attr = _owner_of_base(root, name, module)
+        compute_dtype = _COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)]
         setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
-            lin, name=name, compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)],
+            lin, name=name, compute_dtype=compute_dtype,
             compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
-            four_over_six=config.nvfp4_four_over_six))
+            four_over_six=config.nvfp4_four_over_six, quantize_input=config.quantizes_activations))
     if native_names:
         _apply_native(root, linears, native_names)
     if config.resolved_nvfp4_learner_scales == "sampler":
@@ -207,11 +189,7 @@ def _share_weight_scales_in_fused_groups(model: nn.Module) -> None:
 
 
 def _apply_native(root: nn.Module, linears, names: set[str]) -> None:
-    from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig
-    from torchao.quantization import quantize_
-
-    targets = {id(base_linear(m)) for n, m in linears if n in names}
-    quantize_(root, NVFP4TrainingConfig(), filter_fn=lambda mod, _fqn: id(mod) in targets)
+    apply_native(root, {id(base_linear(m)) for n, m in linears if n in names})
     for name, module in iter_logical_linears(root):
         if name in names:
             base_linear(module).nvfp4_learner_path = "native"

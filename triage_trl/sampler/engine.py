@@ -41,6 +41,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
 from ..model_blocks import parameters_materialized
+from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
 from .vllm_engine import sampler_tensors, start_engine, write_engine_checkpoint
 
@@ -79,7 +80,9 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     Attributes:
         kernel_report: ``dict[str, str]`` — platform, precision, dtype, which linear kernels run (class names with
-            layer counts), GEMM path and activation precision, read from the loaded vLLM model.
+            layer counts), GEMM path and activation precision, read from the loaded vLLM model; for NVFP4 also
+            ``nvfp4_sampler_kernel`` (the kernel chosen and why, ``triage_trl.sampler.kernel_choice``).
+        sampler_kernel: ``(kernel, reason)``, the resolved ``nvfp4_sampler_kernel`` (``None`` for bf16).
         input_global_scales: NVFP4 activation global scales (``{hf_linear_name: 0-dim fp32}``, identical on every
             rank), or ``None`` before the first weight load.
         num_syncs: completed ``sync_weights`` calls.
@@ -88,7 +91,9 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     Raises:
         ValueError: unknown ``sampler_precision``, ``mode != "colocate"``, no calibration prompts for NVFP4, sleep
-            mode on CPU.
+            mode on CPU, an ``nvfp4_sampler_kernel`` this platform cannot run.
+        RuntimeError: the NVFP4 kernels vLLM loaded do not run the recipe chosen
+            (``kernel_choice.check_sampler_kernel``).
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.sampler_seed = sampler_seed
         self.nvfp4_config = nvfp4_config
         self.nvfp4_selection = None
+        self.sampler_kernel: tuple[str, str] | None = None
         self.kernel_report: dict[str, str] = {}
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
@@ -144,6 +150,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             )
         self._join_colocated_ranks()
         self._write_structural_checkpoint()
+        kernel_kwargs = self._choose_nvfp4_kernel()
         self.llm, self.kernel_report = start_engine(
             self.checkpoint_dir,
             self.sampler_precision,
@@ -160,8 +167,11 @@ class TriageVLLMGeneration(VLLMGeneration):
             max_logprobs=-1,  # score_logps at T != 1 rescales full-vocabulary prompt log-probs
             trust_remote_code=self.trust_remote_code,
             load_format="dummy",  # the weights come from the learner, in memory: see _load_learner_weights
-            **self.llm_kwargs,
+            **{**kernel_kwargs, **self.llm_kwargs},
         )
+        if self.sampler_kernel is not None:
+            check_sampler_kernel(self.sampler_kernel[0], self.kernel_report)
+            self.kernel_report["nvfp4_sampler_kernel"] = "{} ({})".format(*self.sampler_kernel)
         # Weights whole on every rank (one process, DDP): load them now. Sharded or partitioned (FSDP2, ZeRO-3,
         # meta-device loading): the first sync loads them, after the trainer has prepared the model.
         whole = not (self._dist.is_fsdp or self._dist.is_zero3) and parameters_materialized(self.model)
@@ -172,6 +182,20 @@ class TriageVLLMGeneration(VLLMGeneration):
         self._llm_weights_sleeping = self.enable_sleep_mode
         logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
         self.accelerator.wait_for_everyone()
+
+    def _choose_nvfp4_kernel(self) -> dict:
+        """Resolve ``nvfp4_sampler_kernel`` for this platform (``sampler.kernel_choice``), log it, and return the
+        engine arguments that make vLLM run it (empty for a bf16 sampler)."""
+        if self.sampler_precision != "nvfp4":
+            return {}
+        from vllm.platforms import current_platform
+
+        device = "cpu" if current_platform.is_cpu() else "cuda"
+        capability = None if device == "cpu" else current_platform.get_device_capability().to_int()
+        choice = getattr(self.nvfp4_config, "nvfp4_sampler_kernel", "auto")
+        self.sampler_kernel = resolve_sampler_kernel(choice, device, capability)
+        logger.info("TRIAGE NVFP4 sampler kernel: %s (%s)", *self.sampler_kernel)
+        return sampler_kernel_engine_kwargs(self.sampler_kernel[0], device)
 
     def _join_colocated_ranks(self) -> None:
         """What vLLM's ``external_launcher`` needs from a colocated rank (as TRL's colocate start does): tensor-parallel

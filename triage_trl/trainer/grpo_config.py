@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..nvfp4.config import NVFP4Config
+from ..nvfp4.native import check_native_padding
 from ..triage_config import TriageConfig
 from .distributed import check_launch, check_process_count
 from .sampling_rules import check_comparable_sampling, check_generation_kwargs
@@ -151,7 +152,10 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             raise NotImplementedError(
                 f"vllm_mode={self.vllm_mode!r} with triage_mode={self.triage_mode!r}, learner_precision="
                 f"{self.learner_precision!r}, sampler_precision={self.sampler_precision!r}: the sync probe and the "
-                "NVFP4 export need the engine in the trainer's process. Use vllm_mode='colocate' (docs/scale.md)."
+                "NVFP4 export need the engine in the trainer's process. Run the same command with "
+                "`--vllm_mode colocate` (no `trl vllm-serve`; every training process starts its own engine, "
+                "`--vllm_gpu_memory_utilization` sets its share of the GPU), or keep the server with "
+                "triage_mode='off' and bf16 precisions (plain TRL GRPO). See docs/scale.md."
             )
         if self.triage_mode != "off":
             if not self.use_vllm:
@@ -164,6 +168,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                     f"TRIAGE (triage_mode={self.triage_mode!r}) supports loss_type in {', '.join(TRIAGE_LOSS_TYPES)}; "
                     f"got loss_type={self.loss_type!r}. Pick one of those, or set triage_mode='off'."
                 )
+        check_native_padding(self)
         check_process_count(self)
         if self.use_vllm:
             check_generation_kwargs(self.generation_kwargs)

@@ -26,7 +26,7 @@ from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
-from .sync_probe import StaleSamplerError, check_probe_gap, probe_gap, probe_token_ids
+from .sync_probe import StaleSamplerError, check_probe_gap, probe_batch, probe_gap, probe_token_ids
 from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
 
@@ -168,11 +168,12 @@ class TriageGRPOTrainer(GRPOTrainer):
         """Score the probe sequence with the sampler and the learner; log and bound their gap (nats)."""
         ids = self._probe_ids
         sampler_logps = self.vllm_generation.score_logps([ids])[0]
-        input_ids = torch.tensor([ids], device=self.accelerator.device)
-        learner_logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, torch.ones_like(input_ids), len(ids) - 1
-        )
-        gap, gap_max = probe_gap(learner_logps[0], sampler_logps)
+        # Padded as the training batches are (torchao's native NVFP4 kernels need 128-token multiples).
+        input_ids, mask, keep = probe_batch(ids, self._pad_token_id(), self.args.pad_to_multiple_of)
+        device = self.accelerator.device
+        learner_logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids.to(device),
+                                                                      mask.to(device), keep)
+        gap, gap_max = probe_gap(learner_logps[0, : len(ids) - 1], sampler_logps)
         mode = "train" if self.model.training else "eval"
         reduced = self.triage_metrics.record(mode, {"triage/sync_probe_gap": gap, "triage/sync_probe_gap_max": gap_max})
         # Every rank's sampler must serve the current weights: bound the worst rank, not the mean over ranks.
@@ -189,6 +190,10 @@ class TriageGRPOTrainer(GRPOTrainer):
             sampler_precision=self.args.sampler_precision,
         )
         return reduced["triage/sync_probe_gap"]
+
+    def _pad_token_id(self) -> int:
+        tokenizer = _tokenizer_of(self.processing_class)
+        return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # ------------------------------------------------------------------ rewards: zero-signal groups
 
@@ -314,7 +319,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         if self.nvfp4_learner_report is not None:
             from ..nvfp4.learner import learner_execution_summary
 
-            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model)}
+            counts = {**self.nvfp4_learner_report.summary(), **learner_execution_summary(self.model),
+                      "activations": "nvfp4" if self.args.quantizes_activations else "bf16 (weight-only, W4A16)"}
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"

@@ -37,6 +37,31 @@ def probe_token_ids(tokenizer, min_tokens: int = 8) -> list[int]:
     return list(ids)
 
 
+def probe_batch(ids: list[int], pad_token_id: int, multiple: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The learner's probe inputs: ``ids`` right-padded to a multiple of ``multiple`` tokens (TRL's
+    ``pad_to_multiple_of``, which torchao's native NVFP4 kernels need: the sequence length divisible by 128).
+
+    Right padding leaves every probe token's log-prob unchanged under causal attention, except through a dynamic
+    per-tensor activation scale, whose amax also sees the padding rows, as it does in the padded training batches.
+
+    Args:
+        ids: the probe's token ids (length L >= 2).
+        pad_token_id: the tokenizer's padding token.
+        multiple: pad to a multiple of this many tokens; ``None`` pads nothing.
+
+    Returns:
+        ``(input_ids, attention_mask, logits_to_keep)``: ``[1, T]`` long tensors (mask 0 on padding) and
+        ``T - 1``; the first ``L - 1`` of those ``T - 1`` log-probs are the probe tokens 1..L-1.
+    """
+    length = len(ids)
+    total = length if not multiple else -(-length // multiple) * multiple
+    input_ids = torch.full((1, total), int(pad_token_id), dtype=torch.long)
+    input_ids[0, :length] = torch.tensor(ids, dtype=torch.long)
+    attention_mask = torch.zeros((1, total), dtype=torch.long)
+    attention_mask[0, :length] = 1
+    return input_ids, attention_mask, total - 1
+
+
 def probe_gap(learner_logps: torch.Tensor, sampler_logps: torch.Tensor) -> tuple[float, float]:
     """Mean and max of ``|learner - sampler|`` over the probe's scored tokens.
 
