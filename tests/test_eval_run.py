@@ -222,3 +222,23 @@ def test_vllm_nvfp4_backend_end_to_end(eval_vllm_nvfp4, data_dir, tmp_path):
     assert [len(x["completions"]) for x in r.records] == [3, 3, 3]
     assert set(r.metrics) == {"avg@3", "pass@1", "pass@2", "pass@3"}
     assert len(set(r.records[0]["completions"])) > 1  # n samples differ
+
+
+def test_cli_puts_the_results_into_a_run_card(tiny_qwen3_dir, data_dir, tmp_path, capsys):
+    from huggingface_hub import ModelCard, ModelCardData
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    common = ["--model", tiny_qwen3_dir, "--benchmarks", "gsm8k", "--data-dir", str(data_dir), "--limit", "2",
+              "--backend", "transformers", "--max-new-tokens", "4", "--output-dir", str(out), "--no-progress"]
+    assert main([*common, "--to-card", str(run)]) == 2  # no training run there: refused before anything is written
+    assert "holds no README.md" in capsys.readouterr().err and not out.exists()
+    run.mkdir()
+    ModelCard.from_template(ModelCardData(license="apache-2.0"), template_str="---\n{{ card_data }}\n---\n# run\n").save(
+        run / "README.md")
+    assert main([*common, "--to-card", str(run)]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    card = ModelCard.load(run / "README.md")
+    (result,) = card.data.eval_results
+    assert (result.dataset_name, result.metric_type) == ("gsm8k", "pass@1")
+    assert result.metric_value == pytest.approx(100 * saved["metrics"]["gsm8k"]["pass@1"])
+    assert card.data.license == "apache-2.0"

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="transformers backend batch size")
     p.add_argument("--max-model-len", type=int, default=None, help="vLLM context (default: longest prompt + max new tokens)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--to-card", metavar="RUN_DIR", default=None,
+                   help="also put the results into the model card of this training run (RUN_DIR/README.md): a "
+                   "model-index the Hub reads and an Evaluation table")
     p.add_argument("--version", action="version", version=f"triage-trl {__version__}")
     return p
 
@@ -52,8 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triage-eval`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    import os
+
     from .runner import evaluate
 
+    if args.to_card is not None and not os.path.isfile(os.path.join(args.to_card, "README.md")):
+        print(f"triage-eval: error: --to-card {args.to_card} holds no README.md: give the output_dir of a training "
+              "run (the trainer writes its card there).", file=sys.stderr)
+        return 2
     try:
         results = evaluate(
             args.model, args.benchmarks, data_dir=args.data_dir, precision=args.precision, backend=args.backend,
@@ -65,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triage-eval: error: {e}", file=sys.stderr)
         return 2
     print(results.to_markdown())
-    print(f"results: {args.output_dir}/results.json")
+    results_json = os.path.join(args.output_dir, "results.json")
+    print(f"results: {results_json}")
+    if args.to_card is not None:
+        from ..trainer.model_card import add_eval_results_to_card
+
+        add_eval_results_to_card(args.to_card, results_json)
+        print(f"card: {os.path.join(args.to_card, 'README.md')} (model-index and Evaluation table)")
     return 0
 
 
