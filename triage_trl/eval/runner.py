@@ -161,6 +161,23 @@ def _resolve_model(model: str) -> str:
     return resolve_model_path(model)
 
 
+def _check_settings(names: list[str], *, n: int, temperature: float, backend: str, precision: str) -> None:
+    for b in names:
+        if b not in BENCHMARKS:
+            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARKS)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ValueError("greedy decoding (temperature 0) gives one completion per problem: use n=1 or a "
+                         f"temperature > 0 (got n={n}).")
+    if backend not in ("vllm", "transformers"):
+        raise ValueError(f"unknown backend {backend!r}; use vllm or transformers")
+    if precision not in ("bf16", "nvfp4"):
+        raise ValueError(f"unknown precision {precision!r}; use bf16 or nvfp4")
+
+
 def evaluate(
     model: str,
     benchmarks: Sequence[str] | str = ("gsm8k", "math500"),
@@ -216,20 +233,7 @@ def evaluate(
     from transformers import AutoTokenizer
 
     names = [b.strip() for b in benchmarks.split(",")] if isinstance(benchmarks, str) else list(benchmarks)
-    for b in names:
-        if b not in BENCHMARKS:
-            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARKS)}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if temperature == 0 and n > 1:
-        raise ValueError(f"greedy decoding (temperature 0) gives one completion per problem: use n=1 or a temperature > 0 (got n={n}).")
-    if backend not in ("vllm", "transformers"):
-        raise ValueError(f"unknown backend {backend!r}; use vllm or transformers")
-    if precision not in ("bf16", "nvfp4"):
-        raise ValueError(f"unknown precision {precision!r}; use bf16 or nvfp4")
-
+    _check_settings(names, n=n, temperature=temperature, backend=backend, precision=precision)
     config = EvalConfig(model=str(model), precision=precision, backend=backend, n=n, temperature=float(temperature),
                         max_new_tokens=max_new_tokens, seed=seed, one_shot=one_shot)
     out = Path(output_dir) if output_dir is not None else None
