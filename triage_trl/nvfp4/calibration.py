@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from .experts import NVFP4EmulatedExperts, iter_moe_experts
 from .modules import base_linear, fused_group, iter_logical_linears
 from .numerics import global_scale_from_amax
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
@@ -37,13 +38,18 @@ def nvfp4_quantizers_disabled(model: nn.Module) -> Iterator[nn.Module]:
     caches are untouched."""
     converted = [base_linear(m) for _, m in iter_logical_linears(model)]
     converted = [m for m in converted if getattr(m, "nvfp4_learner_path", None) is not None]
+    experts = [m for _, m in iter_moe_experts(model) if isinstance(m, NVFP4EmulatedExperts)]
     for module in converted:
         module.forward = nn.Linear.forward.__get__(module)  # an instance attribute shadows the NVFP4 forward
+    for module in experts:
+        module.quantizers_enabled = False
     try:
         yield model
     finally:
         for module in converted:
             del module.forward
+        for module in experts:
+            module.quantizers_enabled = True
 
 
 @torch.no_grad()

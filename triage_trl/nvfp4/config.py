@@ -17,6 +17,7 @@ Precision = Literal["bf16", "nvfp4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 LearnerScales = Literal["sampler", "dynamic"]
 EmulationDtype = Literal["auto", "bf16", "fp32"]
+MoEExperts = Literal["auto", "nvfp4", "bf16"]
 
 
 @dataclass
@@ -64,6 +65,14 @@ class NVFP4Config:
             "help": "Regular expressions (re.search on Hugging Face module names) of linear layers kept in bf16 in "
             "NVFP4 runs, learner and sampler alike. Unset: none beyond the layers never quantised (embeddings, "
             "lm_head, MoE routers)."
+        },
+    )
+    nvfp4_moe_experts: MoEExperts = field(
+        default="auto",
+        metadata={
+            "help": "Precision of MoE expert weights in NVFP4 runs (learner and sampler alike): `nvfp4`, `bf16`, or "
+            "`auto` (NVFP4 where the sampler's vLLM has an NVFP4 MoE kernel: CUDA, ROCm, XPU; bf16 on its CPU build, "
+            "which has none). The other layer rules apply on top. See docs/nvfp4.md."
         },
     )
     nvfp4_learner_scales: LearnerScales | None = field(
@@ -136,6 +145,7 @@ class NVFP4Config:
         if self.nvfp4_learner_scales is not None:
             _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
         _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
+        _choice("nvfp4_moe_experts", self.nvfp4_moe_experts, get_args(MoEExperts))
         if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
             raise ValueError(
                 "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="

@@ -164,8 +164,9 @@ def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six) -> Iterator[
 
 def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelection | None = None):
     """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4`` targeting ``Linear``,
-    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every linear the selection keeps
-    in bf16 (``selection.kept_layers``) by its full Hugging Face name."""
+    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every layer the selection keeps
+    in bf16 (``selection.checkpoint_ignore``: linears and routers by their full Hugging Face name, kept experts by
+    their per-expert checkpoint names)."""
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
 
@@ -173,7 +174,7 @@ def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelectio
         config_groups={"group_0": preset_name_to_scheme("NVFP4", ["Linear"])},
         format=CompressionFormat.nvfp4_pack_quantized.value,
         quantization_status=QuantizationStatus.COMPRESSED,
-        ignore=list(resolve_nvfp4_layer_selection(model, selection).kept_layers),
+        ignore=list(resolve_nvfp4_layer_selection(model, selection).checkpoint_ignore),
     )
 
 

@@ -10,6 +10,9 @@ an exact emulation.
   token count M divisible by 128 at run time); other layers fall back to the emulation.
 * **emulated** (CPU, Hopper, anything else): ``NVFP4EmulatedLinear`` (``triage_trl.nvfp4.emulated``).
 
+MoE experts the selection runs in NVFP4 become ``NVFP4EmulatedExperts`` (``triage_trl.nvfp4.experts``) on every
+device: torchao 0.18 has no native NVFP4 MoE training op (``native_nvfp4_experts_available``).
+
 Native or emulated is an execution path (``learner_execution_paths``), not a precision choice: both quantise the
 same layers.
 """
@@ -21,6 +24,7 @@ from torch import nn
 
 from .config import NVFP4Config
 from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
+from .experts import NVFP4EmulatedExperts, iter_moe_experts, native_nvfp4_experts_available
 from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears
 from .selection import NVFP4LayerSelection, nvfp4_layer_selection
 
@@ -59,11 +63,21 @@ def set_sampler_input_scales(model: nn.Module, input_global_scales: dict[str, to
         lin = base_linear(module)
         if not isinstance(lin, NVFP4EmulatedLinear) or lin.weight_scale_group is None:
             continue
-        if name not in input_global_scales:
-            raise KeyError(f"No sampler input scale for {name}: calibrate_input_global_scales on this model first.")
-        lin.input_global_scale = input_global_scales[name].detach().float().reshape(()).to(lin.weight.device)
+        lin.input_global_scale = _sampler_scale(input_global_scales, name, lin.weight.device)
         count += 1
+    for name, experts in iter_moe_experts(model):
+        if isinstance(experts, NVFP4EmulatedExperts) and experts.weight_scales == "sampler":
+            experts.input_global_scales = {
+                proj: _sampler_scale(input_global_scales, f"{name}.{proj}", experts.gate_up_proj.device)
+                for proj in ("gate_up_proj", "down_proj")}
+            count += 2
     return count
+
+
+def _sampler_scale(scales: dict[str, torch.Tensor], name: str, device) -> torch.Tensor:
+    if name not in scales:
+        raise KeyError(f"No sampler input scale for {name}: calibrate_input_global_scales on this model first.")
+    return scales[name].detach().float().reshape(()).to(device)
 
 
 def native_nvfp4_available(device: torch.device | str | None = None) -> tuple[bool, str]:
@@ -119,9 +133,10 @@ def convert_to_nvfp4_learner(
         ``learner_execution_paths(model)`` says which layers run natively.
 
     Raises:
-        ValueError: ``native=True`` where native NVFP4 training is unavailable (use ``native=False`` or ``"auto"``
-            for the emulated W4A4 path); ``native`` not one of True/False/"auto"; an invalid ``config``; the model
-            already has a selection from other settings.
+        ValueError: ``native=True`` where native NVFP4 training is unavailable, or for a model with NVFP4 MoE
+            experts (torchao has no native NVFP4 MoE training; use ``native=False`` or ``"auto"`` for the emulated
+            W4A4 path); ``native`` not one of True/False/"auto"; an invalid ``config``; the model already has a
+            selection from other settings.
     """
     if native not in (True, False, "auto"):
         raise ValueError(f"native must be True, False or 'auto', got {native!r}.")
@@ -155,9 +170,29 @@ def convert_to_nvfp4_learner(
             four_over_six=config.nvfp4_four_over_six))
     if native_names:
         _apply_native(root, linears, native_names)
+    _convert_experts(root, selection, config, generation, native)
     if config.resolved_nvfp4_learner_scales == "sampler":
         _share_weight_scales_in_fused_groups(model)
     return selection
+
+
+def _convert_experts(root: nn.Module, selection: NVFP4LayerSelection, config: NVFP4Config,
+                     generation: NVFP4WeightGeneration, native: bool | str) -> None:
+    """Swap each NVFP4 experts module for ``NVFP4EmulatedExperts`` (same parameters, same names)."""
+    targets = [(n, m) for n, m in iter_moe_experts(root)
+               if selection.is_nvfp4(f"{n}.gate_up_proj") and not isinstance(m, NVFP4EmulatedExperts)]
+    if targets and native is True:
+        raise ValueError(
+            f"native=True, but {targets[0][0]} has NVFP4 MoE experts and native NVFP4 experts training is unavailable "
+            f"({native_nvfp4_experts_available()[1]}). Use native='auto' (native linears, emulated experts) or "
+            "native=False.")
+    for name, experts in targets:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(root.get_submodule(parent_name) if parent_name else root, attr, NVFP4EmulatedExperts.from_experts(
+            experts, name=name, weight_scales=config.resolved_nvfp4_learner_scales,
+            compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(experts.gate_up_proj.device.type)],
+            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
+            four_over_six=config.nvfp4_four_over_six))
 
 
 def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
@@ -169,7 +204,7 @@ def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
     Returns:
         The number of emulated NVFP4 layers whose cache it invalidated (0 for a model without any).
     """
-    layers = [m for m in model.modules() if isinstance(m, NVFP4EmulatedLinear)]
+    layers = [m for m in model.modules() if isinstance(m, (NVFP4EmulatedLinear, NVFP4EmulatedExperts))]
     for generation in {id(m.weight_generation): m.weight_generation for m in layers}.values():
         generation.advance()
     return len(layers)
@@ -183,8 +218,13 @@ def register_nvfp4_cache_invalidation(optimizer: torch.optim.Optimizer, model: n
 
 
 def learner_execution_paths(model: nn.Module) -> dict[str, str]:
-    """How each linear of a converted model runs: ``{hf_name: "native" | "emulated" | "bf16"}``."""
-    return {n: getattr(base_linear(m), "nvfp4_learner_path", "bf16") for n, m in iter_logical_linears(model)}
+    """How each linear and experts projection of a converted model runs: ``{hf_name: "native" | "emulated" |
+    "bf16"}`` (experts projections as ``<experts>.gate_up_proj`` and ``<experts>.down_proj``)."""
+    paths = {n: getattr(base_linear(m), "nvfp4_learner_path", "bf16") for n, m in iter_logical_linears(model)}
+    for name, experts in iter_moe_experts(model):
+        for proj in ("gate_up_proj", "down_proj"):
+            paths[f"{name}.{proj}"] = getattr(experts, "nvfp4_learner_path", "bf16")
+    return paths
 
 
 def learner_execution_summary(model: nn.Module) -> dict[str, int]:
