@@ -166,3 +166,42 @@ def test_sampler_weight_scales_are_per_expert_and_shared_by_gate_and_up(tiny_moe
 def test_native_experts_refused_with_reason():
     ok, why = native_nvfp4_experts_available()
     assert not ok and "NVFP4" in why
+
+
+def _decode(codes, block_scale, global_scale):
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+
+    q = f4_unpacked_to_f32(unpack_uint4(codes)).reshape(codes.shape[0], -1, 16)
+    return (q * (block_scale.float() / global_scale).unsqueeze(-1)).reshape(codes.shape[0], -1)
+
+
+def test_export_writes_experts_per_expert_as_the_learner_quantises_them(tiny_moe):
+    from triage_trl.nvfp4.experts_export import expert_checkpoint_tensor_names
+    from triage_trl.nvfp4.export import iter_checkpoint_weights, nvfp4_quantization_config
+    from triage_trl.nvfp4.learner import set_sampler_input_scales
+
+    model = tiny_moe()
+    selection = convert_to_nvfp4_learner(model, NVFP4Config(
+        nvfp4_moe_experts="nvfp4", nvfp4_emulation_dtype="fp32", learner_precision="nvfp4", sampler_precision="nvfp4"),
+        native=False)
+    scales = {name: torch.tensor(2.0 ** (5 + i % 3)) for i, name in enumerate(selection.nvfp4_layers)}
+    set_sampler_input_scales(model, scales)
+    tensors = dict(iter_checkpoint_weights(model, selection=selection, input_global_scales=scales))
+    experts = model.model.layers[0].mlp.experts
+    for proj in ("gate_up_proj", "down_proj"):
+        names = expert_checkpoint_tensor_names(f"model.layers.0.mlp.experts.{proj}", 4, nvfp4=True)
+        assert set(names) <= set(tensors)
+    assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in tensors)  # no 3-D names
+    learner = experts.fake_quantized_weights()
+    for e in range(4):
+        p = f"model.layers.0.mlp.experts.{e}"
+        gate, up = (_decode(tensors[f"{p}.{leaf}.weight_packed"], tensors[f"{p}.{leaf}.weight_scale"],
+                            tensors[f"{p}.{leaf}.weight_global_scale"]) for leaf in ("gate_proj", "up_proj"))
+        assert tensors[f"{p}.gate_proj.weight_global_scale"] == tensors[f"{p}.up_proj.weight_global_scale"]
+        assert torch.equal(torch.cat([gate, up]), learner["gate_up_proj"][e])
+        down = _decode(tensors[f"{p}.down_proj.weight_packed"], tensors[f"{p}.down_proj.weight_scale"],
+                       tensors[f"{p}.down_proj.weight_global_scale"])
+        assert torch.equal(down, learner["down_proj"][e])
+        assert tensors[f"{p}.down_proj.input_global_scale"] == scales["model.layers.0.mlp.experts.down_proj"]
+        assert tensors[f"{p}.down_proj.input_global_scale"] == experts.input_global_scales["down_proj"]
+    assert nvfp4_quantization_config(model, selection=selection).ignore == list(selection.checkpoint_ignore)

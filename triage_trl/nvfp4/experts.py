@@ -32,6 +32,7 @@ from .quantize import nvfp4_fake_quantize
 
 __all__ = [
     "ExpertProjection",
+    "check_sampler_nvfp4_experts",
     "NVFP4EmulatedExperts",
     "expert_checkpoint_names",
     "experts_forward",
@@ -40,7 +41,9 @@ __all__ = [
     "iter_moe_experts",
     "iter_moe_routers",
     "native_nvfp4_experts_available",
+    "repack_cpu_moe_after_reload",
     "sampler_nvfp4_moe_support",
+    "vllm_moe_kernel_counts",
 ]
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
@@ -129,6 +132,66 @@ def sampler_nvfp4_moe_support() -> tuple[bool, str]:
         return True, ""
     return False, (f"vLLM's {current_platform.device_type} build has no NVFP4 MoE kernel (all of vLLM's NVFP4 MoE "
                    "backends, its emulation included, need CUDA, ROCm or XPU)")
+
+
+def check_sampler_nvfp4_experts(selection) -> None:
+    """Refuse, before vLLM starts, a selection with NVFP4 experts where this machine's vLLM has no NVFP4 MoE kernel
+    (vLLM itself would fail at start with "No NvFp4 MoE backend supports the deployment configuration").
+
+    Args:
+        selection: the model's ``NVFP4LayerSelection``.
+
+    Raises:
+        ValueError: naming the first NVFP4 experts projection, the reason and the remedy.
+    """
+    nvfp4_experts = [name for name, c in selection.layers if c.kind == "experts" and c.nvfp4]
+    ok, why = sampler_nvfp4_moe_support()
+    if nvfp4_experts and not ok:
+        raise ValueError(
+            f"The NVFP4 selection runs MoE experts in NVFP4 ({nvfp4_experts[0]}, ...), but {why}. Set "
+            "nvfp4_moe_experts='auto' (experts in bf16 in the learner and the sampler alike, attention in NVFP4) "
+            "or 'bf16', or run the sampler on a GPU.")
+
+
+def vllm_moe_kernel_counts(model: nn.Module) -> dict[str, int]:
+    """Per MoE kernel label of a loaded vLLM model (``llm.apply_model``), how many experts layers run it: the
+    quantisation method's class, with the chosen experts kernel for NVFP4 (``CompressedTensorsW4A4Nvfp4MoEMethod/
+    <experts class>``); ``UnquantizedFusedMoEMethod`` for bf16 experts."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, RoutedExperts):
+            method = getattr(module, "quant_method", None)
+            experts_cls = getattr(method, "experts_cls", None)
+            label = type(method).__name__ + (f"/{experts_cls.__name__}" if experts_cls is not None else "")
+            counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def repack_cpu_moe_after_reload(model: nn.Module) -> int:
+    """Put a loaded vLLM model's bf16 MoE experts back into the CPU kernel's layout after ``reload_weights``
+    (``llm.apply_model``); returns how many experts layers it repacked.
+
+    vLLM 0.31's ``UnquantizedFusedMoEMethod._setup_kernel`` runs the experts kernel's own
+    ``process_weights_after_loading`` only at the first load; on a weight update it copies the checkpoint layout
+    into the parameters and skips it, so ``CPUUnquantizedExperts`` (which prepacks ``w13_weight``/``w2_weight``
+    into its grouped-GEMM layout) reads unpacked weights and generates garbage. Only vLLM 0.31 and that kernel are
+    touched (another version may have fixed it; prepacking twice would corrupt the weights).
+    """
+    import vllm
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    if not vllm.__version__.startswith("0.31."):
+        return 0
+    count = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(module, RoutedExperts) and type(experts).__name__ == "CPUUnquantizedExperts":
+            experts.process_weights_after_loading(module)
+            count += 1
+    return count
 
 
 def native_nvfp4_experts_available() -> tuple[bool, str]:
