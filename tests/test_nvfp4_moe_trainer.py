@@ -13,8 +13,7 @@ pytestmark = pytest.mark.slow
 PROBE_BOUND = 0.1  # nats, as the dense tiny Qwen3's NVFP4 runs (tests/test_trainer_vllm.py)
 
 
-@pytest.fixture(scope="module")
-def moe_trainer(tmp_path_factory, in_process_vllm):
+def _train(tmp_path_factory, **precision):
     from triage_trl.data.arith import arith_dataset
     from triage_trl.rewards import digit_share_reward
     from triage_trl.testing import save_tiny_qwen3_moe
@@ -26,7 +25,7 @@ def moe_trainer(tmp_path_factory, in_process_vllm):
         vllm_mode="colocate", vllm_max_model_length=256, per_device_train_batch_size=4, num_generations=4,
         max_completion_length=16, learning_rate=1e-3, max_steps=2, logging_steps=1, save_strategy="no",
         report_to="none", seed=0, loss_type="grpo", nvfp4_calibration_prompts=2, triage_mode="full",
-        learner_precision="nvfp4", sampler_precision="nvfp4", model_init_kwargs={"dtype": torch.bfloat16},
+        model_init_kwargs={"dtype": torch.bfloat16}, **precision,
     )
     trainer = TriageGRPOTrainer(model=model_dir, reward_funcs=digit_share_reward, args=args,
                                 train_dataset=arith_dataset(8, seed=0))
@@ -34,6 +33,12 @@ def moe_trainer(tmp_path_factory, in_process_vllm):
     before = experts.gate_up_proj.detach().clone()
     trainer.train()
     trainer.moved = float((experts.gate_up_proj.detach() - before).abs().max())
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def moe_trainer(tmp_path_factory, in_process_vllm):
+    trainer = _train(tmp_path_factory, learner_precision="nvfp4", sampler_precision="nvfp4")
     yield trainer
     trainer.close()
 
@@ -63,3 +68,19 @@ def test_experts_precision_is_the_same_in_both_engines_and_reported(moe_trainer)
     assert "moe_kernels=UnquantizedFusedMoEMethod" in report["sampler"]
     assert "FastCpuNvFp4LinearKernel x4" in report["sampler"]
     assert "no NVFP4 MoE kernel" in selection.choice("model.layers.1.mlp.experts.down_proj").reason
+
+
+def test_nvfp4_experts_train_in_the_learner(tmp_path_factory, in_process_vllm):
+    """Experts in NVFP4 in the learner (emulated W4A4) with a bf16 sampler, which needs no NVFP4 MoE kernel."""
+    trainer = _train(tmp_path_factory, learner_precision="nvfp4", sampler_precision="bf16",
+                     nvfp4_moe_experts="nvfp4")
+    try:
+        assert trainer.state.global_step == 2 and trainer.moved > 0
+        report = trainer.kernel_report()
+        assert "nvfp4/params_nvfp4_experts=196608, nvfp4/params_bf16_experts=0" in report["learner"]
+        assert "emulated=12" in report["learner"]  # q, k, v, o, gate_up, down of 2 blocks
+        assert type(trainer.model.model.layers[1].mlp.experts).__name__ == "NVFP4EmulatedExperts"
+        print(f"\nNVFP4-experts learner vs bf16 sampler, probe gaps (nats): {trainer.sync_probe_gaps}")
+        assert max(trainer.sync_probe_gaps) < PROBE_BOUND
+    finally:
+        trainer.close()
