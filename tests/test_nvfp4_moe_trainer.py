@@ -56,8 +56,9 @@ def test_two_steps_nvfp4_both_sides_triage_full(moe_trainer):
 
 
 def test_experts_precision_is_the_same_in_both_engines_and_reported(moe_trainer):
-    report = moe_trainer.kernel_report()
-    selection = moe_trainer.nvfp4_learner_report
+    trainer = moe_trainer
+    report = trainer.kernel_report()
+    selection = trainer.nvfp4_learner_report
     if sampler_nvfp4_moe_support()[0]:
         assert "nvfp4/params_bf16_experts=0" in report["learner"]
         assert "CompressedTensorsW4A4Nvfp4MoEMethod" in report["sampler"]
@@ -68,6 +69,11 @@ def test_experts_precision_is_the_same_in_both_engines_and_reported(moe_trainer)
     assert "moe_kernels=UnquantizedFusedMoEMethod" in report["sampler"]
     assert "FastCpuNvFp4LinearKernel x4" in report["sampler"]
     assert "no NVFP4 MoE kernel" in selection.choice("model.layers.1.mlp.experts.down_proj").reason
+    from triage_trl.trainer.model_card import trainer_model_card
+
+    card = str(trainer_model_card(trainer))  # the card carries the same report
+    assert "nvfp4/params_bf16_experts=196608" in card and "UnquantizedFusedMoEMethod" in card
+    assert "nvfp4_moe_experts" in card
 
 
 def test_nvfp4_experts_train_in_the_learner(tmp_path_factory, in_process_vllm):
