@@ -88,8 +88,8 @@ def test_one_reload_weights_call_streams_the_experts(moe_engine):
     before, _ = _greedy(llm)
 
     def sync():  # what the sampler's _load_learner_weights does
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter_checkpoint_weights(
-            model, selection=moe_engine.selection, input_global_scales=moe_engine.scales), "is_checkpoint_format": True})
+        weights = iter_checkpoint_weights(model, selection=moe_engine.selection, input_global_scales=moe_engine.scales)
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         assert llm.apply_model(repack_cpu_moe_after_reload) == [2]
         llm.reset_prefix_cache()
 

@@ -105,7 +105,8 @@ def calibrate_input_global_scales(
 
     handles = [module.register_forward_pre_hook(make_hook(name))
                for name, module in iter_logical_linears(model) if selection.is_nvfp4(name)]
-    observed = [(name, module) for name, module in iter_moe_experts(model) if selection.is_nvfp4(f"{name}.gate_up_proj")]
+    observed = [(name, module) for name, module in iter_moe_experts(model)
+                if selection.is_nvfp4(f"{name}.gate_up_proj")]
     for name, module in observed:
         module.forward = _observing_experts_forward(module, name, make_hook)
     device = next(model.parameters()).device

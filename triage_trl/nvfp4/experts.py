@@ -34,7 +34,6 @@ __all__ = [
     "ExpertProjection",
     "check_sampler_nvfp4_experts",
     "NVFP4EmulatedExperts",
-    "expert_checkpoint_names",
     "experts_forward",
     "experts_ignore_pattern",
     "iter_expert_projections",
@@ -48,7 +47,8 @@ __all__ = [
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
 CHECKPOINT_PROJECTIONS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
-_ROUTER_LEAF = re.compile(r"^(gate|router|\w*router\w*|\w+_gate)$")
+# module leaf names of MoE routers and gates (never quantised)
+ROUTER_LEAF = re.compile(r"^(gate|router|\w*router\w*|\w+_gate)$")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ def is_moe_experts(module: nn.Module) -> bool:
 def _unsupported_layout(module: nn.Module) -> str:
     flags = {"is_transposed": False, "has_bias": False, "has_gate": True, "is_concatenated": True}
     odd = [f"{k}={getattr(module, k)}" for k, v in flags.items() if getattr(module, k, v) != v]
-    return f"experts layout {', '.join(odd)} (NVFP4 supports gated, concatenated, [E, out, in], bias-free)" if odd else ""
+    if not odd:
+        return ""
+    return f"experts layout {', '.join(odd)} (NVFP4 supports gated, concatenated, [E, out, in], bias-free)"
 
 
 def iter_moe_experts(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -97,16 +99,9 @@ def iter_moe_routers(model: nn.Module) -> Iterator[tuple[str, int, int]]:
     ``Qwen3MoeTopKRouter``: a module named ``gate``/``router``/``*_gate`` with a 2-D ``weight``)."""
     for name, module in hf_model(model).named_modules():
         weight = getattr(module, "weight", None)
-        if (_ROUTER_LEAF.match(name.rpartition(".")[2]) and not isinstance(module, nn.Linear)
+        if (ROUTER_LEAF.match(name.rpartition(".")[2]) and not isinstance(module, nn.Linear)
                 and isinstance(weight, nn.Parameter) and weight.dim() == 2):
             yield name, weight.shape[1], weight.shape[0]
-
-
-def expert_checkpoint_names(projection: str, num_experts: int) -> list[str]:
-    """Checkpoint module names of one experts projection, as transformers saves them and vLLM loads them:
-    ``<experts>.<e>.gate_proj`` and ``<experts>.<e>.up_proj`` for ``gate_up_proj``, ``<experts>.<e>.down_proj``."""
-    experts, _, proj = projection.rpartition(".")
-    return [f"{experts}.{e}.{leaf}" for e in range(num_experts) for leaf in CHECKPOINT_PROJECTIONS[proj]]
 
 
 def experts_ignore_pattern(experts: str) -> str:
@@ -334,4 +329,5 @@ class NVFP4EmulatedExperts(nn.Module):
     def extra_repr(self) -> str:
         e, two_i, h = self.gate_up_proj.shape
         rule = ", 4 over 6" if self.four_over_six else ""
-        return f"experts={e}, hidden={h}, intermediate={two_i // 2}, nvfp4=emulated W4A4, scales={self.weight_scales}{rule}"
+        return (f"experts={e}, hidden={h}, intermediate={two_i // 2}, nvfp4=emulated W4A4, "
+                f"scales={self.weight_scales}{rule}")

@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from .config import NVFP4Config
-from .experts import experts_ignore_pattern, iter_expert_projections, iter_moe_routers, sampler_nvfp4_moe_support
+from .experts import (
+    ROUTER_LEAF,
+    experts_ignore_pattern,
+    iter_expert_projections,
+    iter_moe_routers,
+    sampler_nvfp4_moe_support,
+)
 from .modules import base_linear, block_index, fused_group, hf_model, iter_logical_linears
 from .numerics import BLOCK_SIZE
 from .recipes import recipe_keeps
@@ -50,7 +56,6 @@ __all__ = [
     "select_nvfp4_layers",
 ]
 
-_ROUTER_LEAF = re.compile(r"^(gate|router|\w*router\w*|\w+_gate)$")
 _ATTRIBUTE = "nvfp4_layer_selection"
 
 
@@ -209,7 +214,7 @@ def _kept_reason(layer: _Layer, block: int | None, n_blocks: int, config: NVFP4C
     leaf = name.rpartition(".")[2]
     if block is None:
         return "outside the decoder blocks"
-    if layer.kind == "router" or _ROUTER_LEAF.match(leaf):
+    if layer.kind == "router" or ROUTER_LEAF.match(leaf):
         return "MoE router/gate"
     if block < config.nvfp4_keep_first_blocks:
         return f"block {block} < nvfp4_keep_first_blocks={config.nvfp4_keep_first_blocks}"
@@ -233,7 +238,8 @@ def _vllm_group(layer: _Layer) -> str:
 
 
 def select_nvfp4_layers(model: nn.Module, config: NVFP4Config | None = None) -> NVFP4LayerSelection:
-    """Apply the layer rule (module docstring) to ``model``'s linears; pure, stores nothing.
+    """Apply the layer rule (module docstring) to ``model``'s linears, experts projections and routers; pure,
+    stores nothing.
 
     Args:
         model: a transformers model, a PEFT model around one, or a model already converted by
@@ -261,7 +267,8 @@ def select_nvfp4_layers(model: nn.Module, config: NVFP4Config | None = None) -> 
             for m in members:
                 reasons[m] = reasons[m] or f"fused by vLLM with {kept.rpartition('.')[2]} ({reasons[kept]})"
     return NVFP4LayerSelection(
-        layers=tuple((layer.name, LayerChoice(not reasons[layer.name], reasons[layer.name], layer.kind, layer.params)) for layer in layers),
+        layers=tuple((layer.name, LayerChoice(not reasons[layer.name], reasons[layer.name], layer.kind, layer.params))
+                     for layer in layers),
         settings=_settings(config),
     )
 
