@@ -2,7 +2,8 @@
 
 ``save_tiny_qwen3(path)`` writes a randomly initialised Qwen3 causal LM and a byte-level BPE
 tokenizer trained on a few built-in sentences, as an ordinary ``from_pretrained`` folder that
-transformers and vLLM both load. Every linear layer has dimensions that are multiples of 16, so
+transformers and vLLM both load; ``save_tiny_qwen3_moe(path)`` the same for a Qwen3-MoE (a few
+experts, top-2 routing). Every linear layer and expert has dimensions that are multiples of 16, so
 the whole decoder can run in NVFP4.
 """
 
@@ -54,6 +55,32 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
+def _save_tiny(path: str | Path, architecture: str, seed: int, **config) -> Path:
+    """Build a random ``<architecture>ForCausalLM`` in bf16 with the tiny tokenizer's vocabulary and save both."""
+    import torch
+    import transformers
+
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    config = getattr(transformers, f"{architecture}Config")(
+        vocab_size=((len(tokenizer) + 63) // 64) * 64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **config,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{architecture}ForCausalLM")(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def save_tiny_qwen3(
     path: str | Path,
     *,
@@ -70,31 +97,34 @@ def save_tiny_qwen3(
     Returns:
         The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM``.
     """
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    return _save_tiny(path, "Qwen3", seed, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads, head_dim=head_dim)
 
-    path = Path(path)
-    tokenizer = build_tiny_tokenizer()
-    vocab = ((len(tokenizer) + 63) // 64) * 64
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        head_dim=head_dim,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+
+def save_tiny_qwen3_moe(
+    path: str | Path,
+    *,
+    moe_intermediate_size: int = 64,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    seed: int = 0,
+    **shape,
+) -> Path:
+    """Save a random tiny ``Qwen3MoeForCausalLM`` (bf16 weights) and its tokenizer under ``path``.
+
+    Every decoder block is sparse: attention, a router (``mlp.gate``, a ``Qwen3MoeTopKRouter``) and ``num_experts``
+    SwiGLU experts held as transformers 5's 3-D parameters (``mlp.experts.gate_up_proj`` [E, 2I, H],
+    ``mlp.experts.down_proj`` [E, H, I]); routing renormalises the top-k probabilities, as Qwen3-30B-A3B does.
+    ``shape`` overrides the attention shape of ``save_tiny_qwen3`` (hidden 128, 2 blocks, 2 heads, 1 KV head,
+    head_dim 64).
+
+    Returns:
+        The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM``.
+    """
+    shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "head_dim": 64, **shape}
+    return _save_tiny(path, "Qwen3Moe", seed, intermediate_size=4 * moe_intermediate_size,
+                      moe_intermediate_size=moe_intermediate_size, num_experts=num_experts,
+                      num_experts_per_tok=num_experts_per_tok, norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[], **shape)

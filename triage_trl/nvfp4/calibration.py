@@ -10,7 +10,9 @@ bit, whatever the run's seed, the learner's precision or its NVFP4 state:
 * each scale is ``448 * 6 / amax`` **rounded down to a power of two** (``numerics.global_scale_from_amax``, the
   weights' rule): small amax differences map to the same scale, and every decoder (vLLM's ``1 / global_scale``
   multiplier included) reads it exactly;
-* vLLM-fused siblings (q/k/v, gate/up) share their group's largest amax.
+* vLLM-fused siblings (q/k/v, gate/up) share their group's largest amax;
+* MoE experts: one scale per experts module and projection (``<experts>.gate_up_proj``, ``<experts>.down_proj``),
+  from the largest amax over all its experts' inputs, which every expert of the module then uses.
 
 Which prompts form the fixed calibration set is the caller's choice (the trainer's).
 """
@@ -23,6 +25,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from .experts import NVFP4EmulatedExperts, experts_forward, iter_moe_experts
 from .modules import base_linear, fused_group, iter_logical_linears
 from .numerics import global_scale_from_amax
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
@@ -37,13 +40,30 @@ def nvfp4_quantizers_disabled(model: nn.Module) -> Iterator[nn.Module]:
     caches are untouched."""
     converted = [base_linear(m) for _, m in iter_logical_linears(model)]
     converted = [m for m in converted if getattr(m, "nvfp4_learner_path", None) is not None]
+    experts = [m for _, m in iter_moe_experts(model) if isinstance(m, NVFP4EmulatedExperts)]
     for module in converted:
         module.forward = nn.Linear.forward.__get__(module)  # an instance attribute shadows the NVFP4 forward
+    for module in experts:
+        module.quantizers_enabled = False
     try:
         yield model
     finally:
         for module in converted:
             del module.forward
+        for module in experts:
+            module.quantizers_enabled = True
+
+
+def _observing_experts_forward(module: nn.Module, name: str, make_hook):
+    """A float forward of experts module ``name`` that reports each projection's input to ``make_hook``."""
+    hooks = {proj: make_hook(f"{name}.{proj}") for proj in ("gate_up_proj", "down_proj")}
+
+    def project(proj, e, x):
+        hooks[proj](module, (x,))
+        return torch.nn.functional.linear(x, getattr(module, proj)[e])
+
+    return lambda hidden_states, top_k_index, top_k_weights: experts_forward(
+        module, hidden_states, top_k_index, top_k_weights, project)
 
 
 @torch.no_grad()
@@ -85,6 +105,10 @@ def calibrate_input_global_scales(
 
     handles = [module.register_forward_pre_hook(make_hook(name))
                for name, module in iter_logical_linears(model) if selection.is_nvfp4(name)]
+    observed = [(name, module) for name, module in iter_moe_experts(model)
+                if selection.is_nvfp4(f"{name}.gate_up_proj")]
+    for name, module in observed:
+        module.forward = _observing_experts_forward(module, name, make_hook)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -96,6 +120,8 @@ def calibrate_input_global_scales(
     finally:
         for h in handles:
             h.remove()
+        for _, module in observed:
+            del module.forward
         model.train(was_training)
     group_amax: dict[str, torch.Tensor] = {}
     for name, value in amax.items():

@@ -19,6 +19,7 @@ LearnerScales = Literal["sampler", "dynamic"]
 EmulationDtype = Literal["auto", "bf16", "fp32"]
 LearnerKernel = Literal["auto", "native", "emulated"]
 SamplerKernel = Literal["auto", "w4a4", "w4a4_emulation", "weight_only"]
+MoEExperts = Literal["auto", "nvfp4", "bf16"]
 
 
 @dataclass
@@ -66,6 +67,14 @@ class NVFP4Config:
             "help": "Regular expressions (re.search on Hugging Face module names) of linear layers kept in bf16 in "
             "NVFP4 runs, learner and sampler alike. Unset: none beyond the layers never quantised (embeddings, "
             "lm_head, MoE routers)."
+        },
+    )
+    nvfp4_moe_experts: MoEExperts = field(
+        default="auto",
+        metadata={
+            "help": "Precision of MoE expert weights in NVFP4 runs (learner and sampler alike): `nvfp4`, `bf16`, or "
+            "`auto` (NVFP4 where the sampler's vLLM has an NVFP4 MoE kernel: CUDA, ROCm, XPU; bf16 on its CPU build, "
+            "which has none). The other layer rules apply on top. See docs/nvfp4.md."
         },
     )
     nvfp4_learner_scales: LearnerScales | None = field(
@@ -172,6 +181,7 @@ class NVFP4Config:
                 f"nvfp4_learner_kernel='native' cannot run this recipe: {'; '.join(blockers)}. Set "
                 "nvfp4_learner_kernel='emulated' (or 'auto'), or change the settings named."
             )
+        _choice("nvfp4_moe_experts", self.nvfp4_moe_experts, get_args(MoEExperts))
         if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
             raise ValueError(
                 "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="

@@ -8,8 +8,11 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
 * ``<p>.weight_global_scale``  float32 [1]: a *divisor*, ``w = e2m1 * weight_scale / global``;
 * ``<p>.input_global_scale``   float32 [1]: divisor for the activations, from ``calibrate_input_global_scales``
   (``triage_trl.nvfp4.calibration``; vLLM quantises activations with this static scale);
-* ``<p>.bias`` when present. Every other parameter (embeddings, norms, ``lm_head``) is exported
+* ``<p>.bias`` when present. Every other parameter (embeddings, norms, ``lm_head``, MoE routers) is exported
   unchanged. vLLM fuses q/k/v and gate/up, so those share both global scales (max amax).
+
+MoE experts (transformers 5's 3-D ``gate_up_proj``/``down_proj``) are written per expert, in bf16 or NVFP4 as the
+selection says, under the names vLLM's MoE loaders read (``triage_trl.nvfp4.experts_export``).
 
 Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``448 * 6 / amax`` rounded down to a
 power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
@@ -32,6 +35,8 @@ import torch
 from torch import nn
 
 from ..model_blocks import export_units, fsdp_owners, materialized
+from .experts import PROJECTIONS, iter_moe_experts
+from .experts_export import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
 from .numerics import check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
@@ -70,7 +75,7 @@ def iter_checkpoint_weights(
     Yields:
         Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
         [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16], ``weight_global_scale`` and ``input_global_scale``
-        float32 [1]; biases.
+        float32 [1]; biases; MoE experts per expert (``experts_export.iter_expert_checkpoint_tensors``).
 
     Raises:
         KeyError: an NVFP4 linear has no input global scale (calibrate first).
@@ -86,11 +91,18 @@ def iter_checkpoint_weights(
             "calibrate_input_global_scales(model, tokenizer, prompts) on this model first."
         )
     linears = dict(iter_logical_linears(model))
+    experts = {f"{name}.{proj}" for name, _ in iter_moe_experts(model) for proj in PROJECTIONS}
     owners = fsdp_owners(model)
     seen: set[int] = set()
     for unit in export_units(model):
         with materialized(unit, owners):
-            yield from _unit_tensors(unit, linears, quantized, scales, seen, four_over_six)
+            for key, tensor in _unit_tensors(unit, linears, quantized, scales, seen, four_over_six):
+                if key in experts:  # a 3-D experts projection: written per expert
+                    yield from iter_expert_checkpoint_tensors(key, tensor, nvfp4=key in quantized,
+                                                              input_global_scale=scales.get(key),
+                                                              four_over_six=four_over_six)
+                else:
+                    yield key, tensor
 
 
 def iter_nvfp4_checkpoint_weights(
@@ -164,8 +176,9 @@ def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six) -> Iterator[
 
 def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelection | None = None):
     """compressed-tensors ``QuantizationConfig`` for the checkpoint: preset scheme ``NVFP4`` targeting ``Linear``,
-    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every linear the selection keeps
-    in bf16 (``selection.kept_layers``) by its full Hugging Face name."""
+    format ``nvfp4-pack-quantized``, status compressed, and ``ignore`` listing every layer the selection keeps
+    in bf16 (``selection.checkpoint_ignore``: linears and routers by their full Hugging Face name, kept experts by
+    their per-expert checkpoint names)."""
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
 
@@ -173,7 +186,7 @@ def nvfp4_quantization_config(model: nn.Module, *, selection: NVFP4LayerSelectio
         config_groups={"group_0": preset_name_to_scheme("NVFP4", ["Linear"])},
         format=CompressionFormat.nvfp4_pack_quantized.value,
         quantization_status=QuantizationStatus.COMPRESSED,
-        ignore=list(resolve_nvfp4_layer_selection(model, selection).kept_layers),
+        ignore=list(resolve_nvfp4_layer_selection(model, selection).checkpoint_ignore),
     )
 
 

@@ -12,8 +12,11 @@ an exact emulation.
 * **emulated** (CPU, Hopper, anything else): ``NVFP4EmulatedLinear`` (``triage_trl.nvfp4.emulated``), W4A4, or W4A16
   with ``nvfp4_sampler_kernel="weight_only"``.
 
-Native or emulated is an execution path (``learner_execution_paths``), not a layer choice: both quantise the same
-layers.
+MoE experts the selection runs in NVFP4 become ``NVFP4EmulatedExperts`` (``triage_trl.nvfp4.experts``) on every
+device: torchao 0.18 has no native NVFP4 MoE training op (``native_nvfp4_experts_available``).
+
+Native or emulated is an execution path (``learner_execution_paths``), not a precision choice: both quantise the
+same layers.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 
 from .config import NVFP4Config
 from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
+from .experts import NVFP4EmulatedExperts, iter_moe_experts, native_nvfp4_experts_available
 from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears
 from .native import NATIVE_MULTIPLE, apply_native, choose_learner_path, native_nvfp4_available
 from .selection import NVFP4LayerSelection, nvfp4_layer_selection
@@ -66,11 +70,21 @@ def set_sampler_input_scales(model: nn.Module, input_global_scales: dict[str, to
         lin = base_linear(module)
         if not isinstance(lin, NVFP4EmulatedLinear) or lin.weight_scale_group is None:
             continue
-        if name not in input_global_scales:
-            raise KeyError(f"No sampler input scale for {name}: calibrate_input_global_scales on this model first.")
-        lin.input_global_scale = input_global_scales[name].detach().float().reshape(()).to(lin.weight.device)
+        lin.input_global_scale = _sampler_scale(input_global_scales, name, lin.weight.device)
         count += 1
+    for name, experts in iter_moe_experts(model):
+        if isinstance(experts, NVFP4EmulatedExperts) and experts.weight_scales == "sampler":
+            experts.input_global_scales = {
+                proj: _sampler_scale(input_global_scales, f"{name}.{proj}", experts.gate_up_proj.device)
+                for proj in ("gate_up_proj", "down_proj")}
+            count += 2
     return count
+
+
+def _sampler_scale(scales: dict[str, torch.Tensor], name: str, device) -> torch.Tensor:
+    if name not in scales:
+        raise KeyError(f"No sampler input scale for {name}: calibrate_input_global_scales on this model first.")
+    return scales[name].detach().float().reshape(()).to(device)
 
 
 def _owner_of_base(root: nn.Module, name: str, module: nn.Module) -> tuple[nn.Module, str]:
@@ -107,9 +121,10 @@ def convert_to_nvfp4_learner(
         ``learner_execution_paths(model)`` says which layers run natively.
 
     Raises:
-        ValueError: ``native=True`` where native NVFP4 training is unavailable or cannot run the recipe (use
-            ``native=False`` or ``"auto"`` for the emulated W4A4 path); ``native`` not one of None/True/False/"auto";
-            an invalid ``config``; the model already has a selection from other settings.
+        ValueError: ``native=True`` where native NVFP4 training is unavailable or cannot run the recipe, or for a
+            model with NVFP4 MoE experts (torchao has no native NVFP4 MoE training; use ``native=False`` or ``"auto"``
+            for the emulated W4A4 path); ``native`` not one of None/True/False/"auto"; an invalid ``config``; the
+            model already has a selection from other settings.
     """
     config = config if config is not None else NVFP4Config()
     config.validate_nvfp4()
@@ -137,9 +152,33 @@ def convert_to_nvfp4_learner(
             four_over_six=config.nvfp4_four_over_six, quantize_input=config.quantizes_activations))
     if native_names:
         _apply_native(root, linears, native_names)
+    _convert_experts(root, selection, config, generation, native)
     if config.resolved_nvfp4_learner_scales == "sampler":
         _share_weight_scales_in_fused_groups(model)
     return selection
+
+
+def _convert_experts(root: nn.Module, selection: NVFP4LayerSelection, config: NVFP4Config,
+                     generation: NVFP4WeightGeneration, native: bool | str) -> None:
+    """Swap each NVFP4 experts module for ``NVFP4EmulatedExperts`` (same parameters, same names)."""
+    targets = [(n, m) for n, m in iter_moe_experts(root)
+               if selection.is_nvfp4(f"{n}.gate_up_proj") and not isinstance(m, NVFP4EmulatedExperts)]
+    if targets and not config.quantizes_activations:
+        raise ValueError(
+            f"nvfp4_sampler_kernel='weight_only', but {targets[0][0]} has NVFP4 MoE experts, which run W4A4 only. Set "
+            "nvfp4_moe_experts='bf16', or another nvfp4_sampler_kernel.")
+    if targets and (native is True or (native is None and config.nvfp4_learner_kernel == "native")):
+        raise ValueError(
+            f"native=True, but {targets[0][0]} has NVFP4 MoE experts and native NVFP4 experts training is unavailable "
+            f"({native_nvfp4_experts_available()[1]}). Use native='auto' (native linears, emulated experts) or "
+            "native=False.")
+    for name, experts in targets:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(root.get_submodule(parent_name) if parent_name else root, attr, NVFP4EmulatedExperts.from_experts(
+            experts, name=name, weight_scales=config.resolved_nvfp4_learner_scales,
+            compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(experts.gate_up_proj.device.type)],
+            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
+            four_over_six=config.nvfp4_four_over_six))
 
 
 def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
@@ -151,7 +190,7 @@ def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
     Returns:
         The number of emulated NVFP4 layers whose cache it invalidated (0 for a model without any).
     """
-    layers = [m for m in model.modules() if isinstance(m, NVFP4EmulatedLinear)]
+    layers = [m for m in model.modules() if isinstance(m, (NVFP4EmulatedLinear, NVFP4EmulatedExperts))]
     for generation in {id(m.weight_generation): m.weight_generation for m in layers}.values():
         generation.advance()
     return len(layers)
@@ -165,8 +204,13 @@ def register_nvfp4_cache_invalidation(optimizer: torch.optim.Optimizer, model: n
 
 
 def learner_execution_paths(model: nn.Module) -> dict[str, str]:
-    """How each linear of a converted model runs: ``{hf_name: "native" | "emulated" | "bf16"}``."""
-    return {n: getattr(base_linear(m), "nvfp4_learner_path", "bf16") for n, m in iter_logical_linears(model)}
+    """How each linear and experts projection of a converted model runs: ``{hf_name: "native" | "emulated" |
+    "bf16"}`` (experts projections as ``<experts>.gate_up_proj`` and ``<experts>.down_proj``)."""
+    paths = {n: getattr(base_linear(m), "nvfp4_learner_path", "bf16") for n, m in iter_logical_linears(model)}
+    for name, experts in iter_moe_experts(model):
+        for proj in ("gate_up_proj", "down_proj"):
+            paths[f"{name}.{proj}"] = getattr(experts, "nvfp4_learner_path", "bf16")
+    return paths
 
 
 def learner_execution_summary(model: nn.Module) -> dict[str, int]:

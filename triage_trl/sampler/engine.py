@@ -230,6 +230,9 @@ class TriageVLLMGeneration(VLLMGeneration):
 
             # computed once and stored on the model: the learner conversion reads the same object
             self.nvfp4_selection = nvfp4_layer_selection(self.model, self.nvfp4_config)
+            from ..nvfp4.experts import check_sampler_nvfp4_experts
+
+            check_sampler_nvfp4_experts(self.nvfp4_selection)  # before vLLM starts, with the remedy
         if self.accelerator.is_local_main_process:
             quantization_config = None
             if self.sampler_precision == "nvfp4":
@@ -248,6 +251,9 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
         )
+        from ..nvfp4.experts import repack_cpu_moe_after_reload
+
+        self.llm.apply_model(repack_cpu_moe_after_reload)  # vLLM 0.31 CPU: MoE experts lose their layout on reload
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()

@@ -169,7 +169,8 @@ def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
         checkpoint_dir: the served checkpoint, named in the error.
 
     Returns:
-        ``{"platform", "sampler_precision", "dtype", "weights", "activations", "linear_kernels"[, "gemm"]}``.
+        ``{"platform", "sampler_precision", "dtype", "weights", "activations", "linear_kernels"[, "gemm"][,
+        "moe_kernels"]}`` (``moe_kernels`` for MoE models: ``nvfp4.experts.vllm_moe_kernel_counts``).
 
     Raises:
         RuntimeError: ``precision="nvfp4"`` but vLLM loaded no NVFP4 linear layer.
@@ -199,6 +200,11 @@ def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
     }
     if gemms:
         report["gemm"] = ", ".join(sorted(gemms))
+    from ..nvfp4.experts import vllm_moe_kernel_counts
+
+    moe = llm.apply_model(vllm_moe_kernel_counts)[0]
+    if moe:  # MoE models: bf16 experts run UnquantizedFusedMoEMethod
+        report["moe_kernels"] = ", ".join(f"{name} x{n}" for name, n in sorted(moe.items()))
     if precision == "nvfp4" and not nvfp4:
         raise RuntimeError(
             f"sampler_precision='nvfp4' but vLLM loaded no NVFP4 linear layer ({kernels}); the checkpoint in "
