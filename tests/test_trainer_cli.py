@@ -224,3 +224,26 @@ def test_arith_dataset_and_rewards():
     assert digit_share_reward(["a1", "", "12"]) == [0.5, 0.0, 1.0]
     with pytest.raises(ValueError, match="ops"):
         arith_dataset(4, ops="/")
+
+
+LAUNCH_ENV = {"fsdp2.yaml": {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "single_gpu.yaml": {},
+              "multi_gpu.yaml": {}, "cpu.yaml": {}}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=os.path.basename)
+def test_every_recipe_passes_the_launch_checks_of_the_configs_its_header_names(recipe, tmp_path, monkeypatch):
+    """The `accelerate launch` lines in each recipe's header: the config they name accepts the recipe (as
+    `accelerate launch` sets its variables; bf16 off only because this machine has no GPU)."""
+    import re
+
+    with open(recipe) as f:
+        configs = re.findall(r"^#\s+accelerate launch --config_file accelerate_configs/(\S+)", f.read(), re.M)
+    assert configs, "the recipe's header names no accelerate config"
+    for config in configs:
+        with monkeypatch.context() as env:
+            for name, value in LAUNCH_ENV[config].items():
+                env.setenv(name, value)
+            gpu = [] if config == "cpu.yaml" else ["--bf16", "false", "--use_cpu", "false"]
+            _, args, _ = make_parser().parse_args_and_config(
+                args=["--config", recipe, "--output_dir", str(tmp_path), *gpu])
+        assert isinstance(args, TriageGRPOConfig), config
