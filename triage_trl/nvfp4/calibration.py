@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from ..progress import progress
 from .experts import NVFP4EmulatedExperts, experts_forward, iter_moe_experts
 from .modules import base_linear, fused_group, iter_logical_linears
 from .numerics import global_scale_from_amax
@@ -114,7 +115,7 @@ def calibrate_input_global_scales(
     model.eval()
     try:
         with nvfp4_quantizers_disabled(model):
-            for prompt in prompts:
+            for prompt in progress(prompts, desc="NVFP4 calibration", unit="prompt"):
                 ids = tokenizer(prompt, return_tensors="pt", truncation=True, max_length=max_length)["input_ids"]
                 model(input_ids=ids.to(device))
     finally:

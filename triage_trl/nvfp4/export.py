@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..model_blocks import export_units, fsdp_owners, materialized
+from ..progress import progress
 from .experts import PROJECTIONS, iter_moe_experts
 from .experts_export import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
@@ -210,7 +211,8 @@ def save_nvfp4_checkpoint(
     selection = resolve_nvfp4_layer_selection(model, selection)
     tensors = {
         name: t.detach().to("cpu").contiguous().clone()
-        for name, t in iter_nvfp4_checkpoint_weights(model, input_global_scales, selection=selection)
+        for name, t in progress(iter_nvfp4_checkpoint_weights(model, input_global_scales, selection=selection),
+                                desc="NVFP4 export", unit="tensor")
     }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

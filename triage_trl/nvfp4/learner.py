@@ -26,6 +26,7 @@ import logging
 import torch
 from torch import nn
 
+from ..progress import progress
 from .config import NVFP4Config
 from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
 from .experts import NVFP4EmulatedExperts, iter_moe_experts, native_nvfp4_experts_available
@@ -137,7 +138,7 @@ def convert_to_nvfp4_learner(
     generation = root.__dict__.setdefault("nvfp4_weight_generation", NVFP4WeightGeneration())
     linears = list(iter_logical_linears(model))
     native_names = set()
-    for name, module in linears:
+    for name, module in progress(linears, desc="NVFP4 learner layers", unit="layer"):
         lin = base_linear(module)
         if not selection.is_nvfp4(name) or getattr(lin, "nvfp4_learner_path", None) is not None:
             continue
