@@ -61,6 +61,7 @@ def test_console_scripts_return_exit_statuses():
     parser.read(os.path.join(ROOT, "setup.cfg"))
     scripts = dict(line.split(" = ") for line in parser["options.entry_points"]["console_scripts"].strip().splitlines())
     assert scripts == {"triage-trl": "triage_trl.commands:main", "triage-grpo": "triage_trl.cli:main",
-                       "triage-eval": "triage_trl.eval.cli:main", "triage-report": "triage_trl.commands:report_main"}
+                       "triage-eval": "triage_trl.eval.cli:main", "triage-report": "triage_trl.commands:report_main",
+                       "triage-export": "triage_trl.export.cli:main"}
     # sys.exit(paths) would print the list and exit 1: the report's paths become status 0.
     assert exit_status(["a.png"]) == 0 and exit_status(2) == 2 and exit_status(None) == 0

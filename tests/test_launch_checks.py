@@ -108,7 +108,7 @@ def test_one_process_reads_its_own_values_and_its_checkpoint_folder(tmp_path):
     one = SimpleNamespace(num_processes=1, device="cpu")
     assert per_rank(one, 0.25) == [0.25]
     args = SimpleNamespace(sampler_checkpoint_dir=None, output_dir=str(tmp_path))
-    assert sampler_checkpoint_dir(args, one) == str(tmp_path / "sampler_checkpoint")
+    assert sampler_checkpoint_dir(args, one) == str(tmp_path / "_sampler_checkpoint")
     args.sampler_checkpoint_dir = "/local/ssd/sampler"
     assert sampler_checkpoint_dir(args, one) == "/local/ssd/sampler"
 

@@ -255,7 +255,7 @@ def test_smoke_lab_end_to_end(tmp_path):
         step1 = [h for h in logs if "reward" in h]
         assert [h["step"] for h in step1] == [1] and math.isfinite(step1[0]["triage/k3_kl"])
         assert os.path.getsize(os.path.join(run_dir, "plots", "k3_kl.png")) > 1000
-        assert not os.path.exists(os.path.join(run_dir, "sampler_checkpoint"))
+        assert not os.path.exists(os.path.join(run_dir, "_sampler_checkpoint"))
     text = (lab_dir / "results.md").read_text()
     assert "| nvfp4_naive | 1 |" in text and "| triage | 1 |" in text
     assert (lab_dir / "overlay.png").stat().st_size > 1000 and (lab_dir / "observations.png").stat().st_size > 1000

@@ -294,11 +294,13 @@ def run(script_args: TriageScriptArguments, training_args, model_args, prepared:
     """Train: check the inputs (:func:`prepare`, unless given), build the trainer, train, and save the model, its
     card, ``trainer_state.json`` and the report plots (``triage_trl.runs.finish_run``); the vLLM engine is closed at
     the end. Returns the (closed) trainer."""
+    from .export.run_record import write_run_record
     from .runs import finish_run
     from .runtime import vllm_process_settings
 
     with vllm_process_settings():
         trainer = build_trainer(script_args, training_args, model_args, prepared)
+        write_run_record(trainer)  # before training: triage-export reads it for checkpoint-N folders too
         with trainer:  # the engine is closed last: its teardown also ends torch.distributed's default group
             trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
             finish_run(trainer, dataset_name=script_args.dataset_name)

@@ -1,6 +1,7 @@
-"""``triage-trl``: one command for the project's tools, like ``trl``: ``triage-trl grpo|eval|report|env ...``.
+"""``triage-trl``: one command for the project's tools, like ``trl``: ``triage-trl grpo|eval|report|export|env ...``.
 
-Each subcommand is the same program as its own console script (``triage-grpo``, ``triage-eval``, ``triage-report``);
+Each subcommand is the same program as its own console script (``triage-grpo``, ``triage-eval``, ``triage-report``,
+``triage-export``);
 ``env`` prints the environment report (:mod:`triage_trl.env_report`). Every entry point here returns an exit status.
 """
 
@@ -15,6 +16,7 @@ SUBCOMMANDS = {
     "grpo": ("triage_trl.cli", "train with TRIAGE-GRPO (= triage-grpo)"),
     "eval": ("triage_trl.eval.cli", "score a model on math benchmarks (= triage-eval)"),
     "report": ("triage_trl.report", "plot a run's TRIAGE metrics (= triage-report)"),
+    "export": ("triage_trl.export.cli", "write a run's weights as an NVFP4 checkpoint vLLM serves (= triage-export)"),
     "env": ("triage_trl.env_report", "print versions, vLLM platform and NVFP4 paths for a bug report"),
 }
 

@@ -123,10 +123,14 @@ def train_with_held_out(trainer, evaluator: HeldOutEvaluator | None) -> float:
 
 def finish_run(trainer, *, save_model: bool = True, model_name: str | None = None, dataset_name: str | None = None,
                plots: bool = True) -> dict:
-    """What a finished run leaves in ``trainer.args.output_dir``: the model and its card (``save_model``),
-    ``trainer_state.json`` (``Trainer.save_state``) and the report plots (``plots``). Returns ``{"plots": [file
+    """What a finished run leaves in ``trainer.args.output_dir``: the run record ``triage-export`` reads
+    (``triage_trl.export.run_record``), the model and its card (``save_model``), ``trainer_state.json``
+    (``Trainer.save_state``) and the report plots (``plots``). Returns ``{"plots": [file
     names]}``, or ``plots_error`` saying why there are none."""
+    from .export.run_record import write_run_record
+
     output_dir = trainer.args.output_dir
+    write_run_record(trainer)
     if save_model:
         trainer.save_model(output_dir)
         trainer.create_model_card(model_name=model_name or os.path.basename(os.path.normpath(output_dir)),

@@ -114,7 +114,9 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
     finally:
         if trainer is not None:
             summary.update(finish_run(trainer, save_model=False))
-        shutil.rmtree(os.path.join(run_dir, "sampler_checkpoint"), ignore_errors=True)
+        from ..trainer.distributed import SAMPLER_CHECKPOINT
+
+        shutil.rmtree(os.path.join(run_dir, SAMPLER_CHECKPOINT), ignore_errors=True)
     summary.update(timings)
     summary["steps"] = trainer.state.global_step if trainer is not None else 0
     summary["wall_seconds"] = time.perf_counter() - start

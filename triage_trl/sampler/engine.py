@@ -260,9 +260,17 @@ class TriageVLLMGeneration(VLLMGeneration):
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
         from ..nvfp4.calibration import calibrate_input_global_scales
 
-        prompts = [self._prompt_text(p) for p in self.calibration_prompts]
-        return calibrate_input_global_scales(model, _tokenizer_of(self.processing_class), prompts,
+        return calibrate_input_global_scales(model, _tokenizer_of(self.processing_class), self.calibration_texts(),
                                              selection=self.nvfp4_selection)
+
+    def calibration_texts(self) -> list[str]:
+        """The calibration prompts as the text the NVFP4 activation scales are calibrated on (chats rendered with
+        the chat template, token ids decoded); the run folder records them for ``triage-export``.
+
+        Raises:
+            ValueError: a prompt is neither a string, a list of token ids nor a chat.
+        """
+        return [self._prompt_text(p) for p in self.calibration_prompts]
 
     def _prompt_text(self, prompt) -> str:
         if isinstance(prompt, str):

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Launch", "check_launch", "check_process_count", "launch_of", "per_rank", "sampler_checkpoint_dir"]
+__all__ = ["SAMPLER_CHECKPOINT", "Launch", "check_launch", "check_process_count", "launch_of", "per_rank", "sampler_checkpoint_dir"]
 
 CPU_DDP_CONFIG = "accelerate_configs/cpu_ddp.yaml"
+SAMPLER_CHECKPOINT = "_sampler_checkpoint"
+"""Default sampler start folder inside ``output_dir``; ``Trainer.push_to_hub`` skips names starting with ``_``."""
 @dataclass(frozen=True)
 class Launch:
     """The parallelism a run was launched with.
@@ -151,10 +153,13 @@ def per_rank(accelerator, value: float) -> list[float]:
 
 def sampler_checkpoint_dir(args, accelerator) -> str:
     """The node-local folder the sampler starts from: ``args.sampler_checkpoint_dir`` or
-    ``<output_dir>/sampler_checkpoint``, with a ``node<i>`` subfolder (``i``: the node's index among the run's
+    ``<output_dir>/_sampler_checkpoint``, with a ``node<i>`` subfolder (``i``: the node's index among the run's
     host names) when the run spans several nodes, so nodes sharing a filesystem never write the same files.
-    A collective with more than one process (the host names are gathered)."""
-    base = args.sampler_checkpoint_dir or os.path.join(args.output_dir, "sampler_checkpoint")
+    A collective with more than one process (the host names are gathered).
+
+    The leading underscore keeps the folder out of ``Trainer.push_to_hub`` and the pushes during training, which
+    skip ``_*``: it holds the engine's start files (config and empty weights), not the trained model."""
+    base = args.sampler_checkpoint_dir or os.path.join(args.output_dir, SAMPLER_CHECKPOINT)
     if accelerator is None or accelerator.num_processes == 1:
         return base
     from accelerate.utils import gather_object

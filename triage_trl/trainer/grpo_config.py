@@ -36,7 +36,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
     Parameters:
         sampler_checkpoint_dir (`str` or `None`, *optional*):
             Node-local folder the vLLM sampler starts from (no weights: config, tokenizer, NVFP4 quantisation
-            config). `None`: `<output_dir>/sampler_checkpoint`, with a `node<i>` subfolder per node on several
+            config). `None`: `<output_dir>/_sampler_checkpoint` (not pushed to the Hub), with a `node<i>` subfolder per node on several
             nodes.
         sync_probe_max_gap (`float` or `None`, *optional*):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
@@ -72,7 +72,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
         default=None,
         metadata={
             "help": "Node-local folder the vLLM sampler starts from (config, tokenizer and NVFP4 quantisation config, "
-            "no weights; written by the local main process of each node). Unset: `<output_dir>/sampler_checkpoint`; "
+            "no weights; written by the local main process of each node). Unset: `<output_dir>/_sampler_checkpoint` (not pushed to the Hub); "
             "a run over several nodes adds a `node<i>` subfolder per node."
         },
     )
