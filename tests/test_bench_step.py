@@ -22,52 +22,50 @@ def _bench_sync():
     return module
 
 
-class FakeClock:
+class Work:
+    """Methods that advance a fake clock: ``outer`` calls ``inner`` twice."""
+
     def __init__(self):
         self.now = 0.0
 
-    def __call__(self) -> float:
+    def clock(self) -> float:
         return self.now
 
+    def outer(self):
+        self.now += 1.0
+        self.inner()
+        self.now += 0.5
+        self.inner()
+        return "done"
 
-def test_timed_nesting_counts_each_phase_once(monkeypatch):
-    bench_sync = _bench_sync()
-    clock = FakeClock()
-    monkeypatch.setattr(bench_sync.time, "perf_counter", clock)
+    def inner(self):
+        self.now += 2.0
 
-    class Work:
-        def outer(self):
-            clock.now += 1.0
-            self.inner()
-            clock.now += 0.5
-            self.inner()
-            return "done"
 
-        def inner(self):
-            clock.now += 2.0
+@pytest.fixture
+def timed_work(monkeypatch):
+    """(bench_sync.timed, a Work whose clock is bench_sync's perf_counter)."""
+    bench_sync, work = _bench_sync(), Work()
+    monkeypatch.setattr(bench_sync.time, "perf_counter", work.clock)
+    return bench_sync.timed, work
 
-    work, nesting = Work(), []
-    outer_s, inner_s = [], []
-    bench_sync.timed(work, "outer", outer_s, echo=False, nesting=nesting)
-    bench_sync.timed(work, "inner", inner_s, echo=False, nesting=nesting)
+
+def test_timed_nesting_counts_each_phase_once(timed_work):
+    timed, work = timed_work
+    nesting, outer_s, inner_s = [], [], []
+    timed(work, "outer", outer_s, echo=False, nesting=nesting)
+    timed(work, "inner", inner_s, echo=False, nesting=nesting)
     assert work.outer() == "done"
     work.inner()
     assert outer_s == [1.5] and inner_s == [2.0, 2.0, 2.0] and nesting == []
 
 
-def test_timed_without_nesting_prints_inclusive_time(monkeypatch, capsys):
-    bench_sync = _bench_sync()
-    clock = FakeClock()
-    monkeypatch.setattr(bench_sync.time, "perf_counter", clock)
-
-    class Work:
-        def run(self):
-            clock.now += 0.25
-
-    work, seconds = Work(), []
-    bench_sync.timed(work, "run", seconds)
-    work.run()
-    assert seconds == [0.25] and capsys.readouterr().out == "run_s=0.250\n"
+def test_timed_without_nesting_prints_inclusive_time(timed_work, capsys):
+    timed, work = timed_work
+    seconds = []
+    timed(work, "outer", seconds)
+    assert work.outer() == "done" and work.outer.__name__ == "outer"
+    assert seconds == [5.5] and capsys.readouterr().out == "outer_s=5.500\n"
 
 
 @pytest.mark.slow
