@@ -1,18 +1,21 @@
 """NVFP4 layer recipes and "4 over 6" weight block scales on SmolLM2-135M: weight error and k3 against the float model.
 
 For each recipe (``all``, ``no_qkv``, ``paper``) x "4 over 6" (off, on), the emulated NVFP4 learner as it mirrors the
-sampler (static activation scales calibrated on a fixed set, power-of-two weight scales, bf16 GEMM) scores 128 fixed
-samples drawn from the float model at T=0.7 on held-out reasoning-gym prompts:
+sampler (static activation scales calibrated on a fixed set, power-of-two weight scales; fp32 GEMM by default, which
+differs from the sampler's bf16 GEMM by one bf16 rounding of each output and runs 10x faster on CPUs without bf16
+instructions) scores 128 fixed samples drawn from the float model at T=0.7 on held-out reasoning-gym prompts:
 
 * ``w_rel_mse``: ``sum ||Q(W) - W||^2 / sum ||W||^2`` over the NVFP4 layers; ``nvfp4_share``: their share of the
   decoder linear weights;
 * ``k3``: mean over completion tokens of ``exp(r) - 1 - r``, ``r = logp_nvfp4 - logp_float`` at T=0.7 (the k3
-  estimator of KL(float || NVFP4) from float samples, nats/token), with its standard error over the 128 samples.
+  estimator of KL(float || NVFP4) from float samples, nats/token), with its standard error over the 128 samples;
+  for "4 over 6" on, the paired change against off (per-sample token means, same samples), ± its standard error.
 
-Everything is seeded; the samples and scales are identical between the rows. Last line:
-``four_over_six_k3_ratio=<k3 with / k3 without, recipe all>``.
+Everything is seeded; the samples and scales are identical between the rows (``--samples-file`` keeps the float
+samples between runs). Last line: ``four_over_six_k3_ratio=<k3 with / k3 without, recipe all>``.
 
-    python benchmarks/bench_nvfp4_recipes.py [--samples 128] [--max-new-tokens 48]
+    python benchmarks/bench_nvfp4_recipes.py [--samples 128] [--max-new-tokens 48] [--gemm fp32|bf16]
+        [--samples-file runs/bench_nvfp4_recipes_samples.json]
 """
 
 from __future__ import annotations
@@ -98,12 +101,32 @@ def weight_error(model) -> tuple[float, float]:
     return err / norm, nvfp4 / total
 
 
-def k3_stats(logps, float_logps) -> tuple[float, float]:
-    """Mean k3 per token and its standard error over samples (per-sample token means)."""
+def k3_per_sample(logps, float_logps) -> tuple[float, torch.Tensor]:
+    """(mean k3 per token over all tokens, per-sample token means of k3)."""
     r = torch.cat([a - b for a, b in zip(logps, float_logps)])
     per_sample = torch.stack([(torch.expm1(a - b) - (a - b)).mean() for a, b in zip(logps, float_logps)])
-    k3 = (torch.expm1(r) - r).mean().item()
-    return k3, per_sample.std().item() / math.sqrt(len(per_sample))
+    return (torch.expm1(r) - r).mean().item(), per_sample
+
+
+def _se(values: torch.Tensor) -> float:
+    return values.std().item() / math.sqrt(len(values))
+
+
+def float_samples(base, tok, prompts, max_new_tokens, path):
+    """The float model's completions, read from ``path`` when it holds them for these prompts, else sampled."""
+    import json
+    import os
+
+    if path and os.path.isfile(path):
+        saved = json.loads(open(path).read())
+        if saved["prompts"] == prompts and saved["max_new_tokens"] == max_new_tokens:
+            return saved["completions"]
+    completions = sample(base, tok, prompts, max_new_tokens)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"prompts": prompts, "max_new_tokens": max_new_tokens, "completions": completions}, f)
+    return completions
 
 
 def main(argv=None):
@@ -111,6 +134,8 @@ def main(argv=None):
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--calibration", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--gemm", choices=("fp32", "bf16"), default="fp32", help="nvfp4_emulation_dtype")
+    parser.add_argument("--samples-file", default=None, help="JSON file keeping the float samples between runs")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,25 +146,29 @@ def main(argv=None):
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     calibration = _prompt_texts(tok, reasoning_gym_dataset(size=args.calibration, seed=TRAIN_SEED))
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    completions = sample(base, tok, prompts, args.max_new_tokens)
+    completions = float_samples(base, tok, prompts, args.max_new_tokens, args.samples_file)
     float_logps = completion_logps(base, prompts, completions, tok.pad_token_id)
     n_tokens = sum(map(len, completions))
     print(f"SmolLM2-135M-Instruct, {len(prompts)} float samples at T={TEMPERATURE} ({n_tokens} tokens), "
-          f"{args.calibration} calibration prompts, threads={torch.get_num_threads()}", flush=True)
-    print("| recipe | 4 over 6 | NVFP4 share of decoder weights | weight rel. MSE | k3 vs float (nats/token) |")
-    print("|---|---|---|---|---|")
-    k3_all = {}
+          f"{args.calibration} calibration prompts, {args.gemm} GEMM, threads={torch.get_num_threads()}", flush=True)
+    print("| recipe | 4 over 6 | NVFP4 share of decoder weights | weight rel. MSE | k3 vs float (nats/token) "
+          "| k3 change from 4 over 6 (paired) |")
+    print("|---|---|---|---|---|---|")
+    k3_all, off = {}, None
     for recipe in RECIPES:
         for four in (False, True):
             config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_recipe=recipe,
-                                 nvfp4_four_over_six=four)
+                                 nvfp4_four_over_six=four, nvfp4_emulation_dtype=args.gemm)
             model, _ = nvfp4_learner(path, config, tok, calibration)
             mse, share = weight_error(model)
-            k3, se = k3_stats(completion_logps(model, prompts, completions, tok.pad_token_id), float_logps)
+            k3, per_sample = k3_per_sample(completion_logps(model, prompts, completions, tok.pad_token_id),
+                                           float_logps)
             if recipe == "all":
                 k3_all[four] = k3
-            print(f"| {recipe} | {'on' if four else 'off'} | {share:.1%} | {mse:.4f} | {k3:.4f} ± {se:.4f} |",
-                  flush=True)
+            change = f"{(per_sample - off).mean().item():+.4f} ± {_se(per_sample - off):.4f}" if four else ""
+            off = per_sample
+            print(f"| {recipe} | {'on' if four else 'off'} | {share:.1%} | {mse:.4f} | {k3:.4f} ± {_se(per_sample):.4f} "
+                  f"| {change} |", flush=True)
     print(f"wall time {time.time() - t0:.0f} s")
     ratio = k3_all[True] / k3_all[False]
     print(f"four_over_six_k3_ratio={ratio:.3f}")

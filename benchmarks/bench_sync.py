@@ -17,6 +17,7 @@ Usage: ``python benchmarks/bench_sync.py [--steps 2] [--max-completion-length 32
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -46,17 +47,29 @@ class LiveBytes:
         self.live -= size
 
 
-def timed(owner, name: str, seconds: list[float]):
-    """Wrap ``owner.<name>`` so each call appends its wall time to ``seconds`` (and prints it at once)."""
+def timed(owner, name: str, seconds: list[float], *, echo: bool = True, nesting: list[float] | None = None):
+    """Wrap ``owner.<name>`` so each call appends its wall time to ``seconds`` (and prints it at once if ``echo``).
+
+    ``nesting``: one list shared by several wrappers (initially empty); each call then records its exclusive time,
+    less the time of the wrapped calls it made, so nested phases are not counted twice.
+    """
     original = getattr(owner, name)
 
+    @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        if nesting is not None:
+            nesting.append(0.0)
         start = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
-            seconds.append(time.perf_counter() - start)
-            print(f"{name}_s={seconds[-1]:.3f}", flush=True)
+            elapsed = time.perf_counter() - start
+            inner = nesting.pop() if nesting is not None else 0.0
+            if nesting:
+                nesting[-1] += elapsed
+            seconds.append(elapsed - inner)
+            if echo:
+                print(f"{name}_s={seconds[-1]:.3f}", flush=True)
 
     setattr(owner, name, wrapper)
 
@@ -72,7 +85,8 @@ def main() -> None:
     from triage_trl.models import resolve_model_path
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
-    from triage_trl.trainer.arith import arith_dataset, boxed_answer_reward, digit_share_reward
+    from triage_trl.data.arith import arith_dataset
+    from triage_trl.rewards import boxed_answer_reward, digit_share_reward
 
     with tempfile.TemporaryDirectory() as out, vllm_process_settings(cpu_kv_cache_gib=1):
         config = TriageGRPOConfig(

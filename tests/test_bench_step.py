@@ -1,0 +1,83 @@
+"""benchmarks/bench_step.py: exclusive phase times from nested wrappers (exact, on a fake clock), and one smoke run
+of both arms on a tiny random Qwen3 (slow: two real vLLM engines and trainers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+
+
+def _bench_sync():
+    spec = importlib.util.spec_from_file_location("bench_sync", os.path.join(BENCHMARKS, "bench_sync.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Work:
+    """Methods that advance a fake clock: ``outer`` calls ``inner`` twice."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def outer(self):
+        self.now += 1.0
+        self.inner()
+        self.now += 0.5
+        self.inner()
+        return "done"
+
+    def inner(self):
+        self.now += 2.0
+
+
+@pytest.fixture
+def timed_work(monkeypatch):
+    """(bench_sync.timed, a Work whose clock is bench_sync's perf_counter)."""
+    bench_sync, work = _bench_sync(), Work()
+    monkeypatch.setattr(bench_sync.time, "perf_counter", work.clock)
+    return bench_sync.timed, work
+
+
+def test_timed_nesting_counts_each_phase_once(timed_work):
+    timed, work = timed_work
+    nesting, outer_s, inner_s = [], [], []
+    timed(work, "outer", outer_s, echo=False, nesting=nesting)
+    timed(work, "inner", inner_s, echo=False, nesting=nesting)
+    assert work.outer() == "done"
+    work.inner()
+    assert outer_s == [1.5] and inner_s == [2.0, 2.0, 2.0] and nesting == []
+
+
+def test_timed_without_nesting_prints_inclusive_time(timed_work, capsys):
+    timed, work = timed_work
+    seconds = []
+    timed(work, "outer", seconds)
+    assert work.outer() == "done" and work.outer.__name__ == "outer"
+    assert seconds == [5.5] and capsys.readouterr().out == "outer_s=5.500\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_step_smoke_prints_every_phase_and_the_ratio():
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "bench_step.py"), "--model", "tiny-qwen3", "--warmup", "0",
+           "--steps", "1", "--prompts", "1", "--generations", "2", "--max-completion-length", "4"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for arm in ("bf16_trl", "nvfp4_triage"):
+        for phase in ("generation", "sync", "logprobs", "objective", "backward", "optimizer", "other", "step"):
+            assert re.search(rf"^{arm} {phase}_s=-?\d+\.\d{{3}}$", done.stdout, re.M), (arm, phase)
+    last = done.stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"nvfp4_triage_step_over_bf16=(\d+\.\d{3})", last)
+    assert match and float(match.group(1)) > 0, last
