@@ -75,11 +75,11 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
     from triage_trl.nvfp4.config import NVFP4Config
     from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 
-    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
-                          nvfp4_learner_scales=None if scales == "bf16" else scales)
+    nvfp4 = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4",
+                         nvfp4_learner_scales=None if scales == "bf16" else scales)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if scales != "bf16":
-        convert_to_nvfp4_learner(reference, config, native=False)
+        convert_to_nvfp4_learner(reference, nvfp4, native=False)
     if mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -110,7 +110,7 @@ def build(mode: str, scales: str, model_dir: str, ids: torch.Tensor):
             if dist.get_rank() == 0:
                 param.copy_(state[name])
     if scales != "bf16":
-        convert_to_nvfp4_learner(model, config, native=False)
+        convert_to_nvfp4_learner(model, nvfp4, native=False)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ZERO3)
 
     def step():
