@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from triage_trl.runtime import RENDEZVOUS_ENV
 from triage_trl.trainer import TriageGRPOConfig
 from triage_trl.trainer.distributed import Launch, launch_of, per_rank, sampler_checkpoint_dir
 
@@ -34,6 +35,9 @@ def launched(monkeypatch):
     """Set a launcher's environment variables for one test (restored after)."""
 
     def set_env(variables):
+        # A launcher sets the rendezvous; earlier in-process engines of this session may have left theirs behind.
+        for name in RENDEZVOUS_ENV:
+            monkeypatch.delenv(name, raising=False)
         for name, value in variables.items():
             monkeypatch.setenv(name, value)
 
