@@ -176,3 +176,16 @@ def test_one_citation_key_everywhere():
         cff = yaml.safe_load(f)
     assert cff["preferred-citation"]["title"] == TRIAGE_PAPER["title"]
     assert TRIAGE_BIBTEX_KEY in json.dumps(cff)
+
+
+def test_tiny_model_card_names_its_license_and_no_base_model(tmp_path):
+    """The tiny recipe's model is random weights made here: its run card carries the project's license and no
+    `base_model` (it derives from none)."""
+    from triage_trl.testing import save_tiny_qwen3
+
+    model_dir = save_tiny_qwen3(tmp_path / "tiny-qwen3")
+    run = tmp_path / "run"
+    run.mkdir()
+    card = card_for(str(model_dir), run)
+    assert card.data.license == "apache-2.0" and card.data.base_model is None
+    assert card.data.datasets == ["openai/gsm8k"]

@@ -78,7 +78,20 @@ def _save_tiny(path: str | Path, architecture: str, seed: int, **config) -> Path
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    _write_card(path, architecture)
     return path
+
+
+def _write_card(path: Path, architecture: str) -> None:
+    """A model card naming the license (this project's: the weights are random, made here), which run cards
+    inherit; no ``base_model``, since the model derives from none."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    data = ModelCardData(license="apache-2.0", library_name="transformers", pipeline_tag="text-generation")
+    text = (f"---\n{data.to_yaml()}\n---\n\n# Tiny random {architecture} (triage-trl tests)\n\nRandomly initialised "
+            "weights and a byte-level BPE tokenizer trained on a few sentences, built offline by "
+            "`triage_trl.testing` for smoke runs. It knows nothing.\n")
+    ModelCard(text).save(path / "README.md")
 
 
 def save_tiny_qwen3(
