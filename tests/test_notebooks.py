@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from triage_trl.runtime import child_process_env
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("vllm")
@@ -35,7 +37,10 @@ def test_quickstart_notebook_runs(tmp_path):
     nb = nbformat.read(QUICKSTART, as_version=4)
     # The kernel imports this checkout of triage_trl. Without PYTEST_CURRENT_TEST: under pytest ipykernel does not
     # capture the process's stdout file descriptor, and vLLM's engine start needs sys.stdout.fileno().
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    # The kernel is a child process: without this session's torch.distributed rendezvous (an earlier in-process
+    # engine's MASTER_PORT), and without PYTEST_CURRENT_TEST (ipykernel then leaves stdout's file descriptor alone,
+    # and vLLM's engine start needs `sys.stdout.fileno()`).
+    env = {k: v for k, v in child_process_env().items() if k != "PYTEST_CURRENT_TEST"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(QUICKSTART.parents[2]), os.environ.get("PYTHONPATH")]))
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})

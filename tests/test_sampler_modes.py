@@ -24,6 +24,10 @@ class RecordingLLM:
         self.calls.append(("collective_rpc", method, kwargs["is_checkpoint_format"]))
         list(kwargs["weights_iterator"])
 
+    def apply_model(self, fn):
+        self.calls.append(("apply_model", fn.__name__))
+        return [0]
+
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
@@ -50,7 +54,7 @@ def test_sync_wakes_the_weights_and_reloads_through_the_worker_rpc():
     sampler, llm = sleeping_sampler()
     sampler.sync_weights()
     assert llm.calls == [("wake_up", ("weights",)), ("collective_rpc", "reload_weights", True),
-                         ("reset_prefix_cache",)]
+                         ("apply_model", "repack_cpu_moe_after_reload"), ("reset_prefix_cache",)]
     assert sampler.num_syncs == 1 and not sampler._llm_weights_sleeping
 
 
@@ -62,8 +66,8 @@ def test_the_probe_inside_a_sync_runs_on_a_fully_awake_engine():
     assert scored == [[[-0.5, -0.5]]]
     names = [c[0] for c in llm.calls]
     # KV cache woken after the weights and before the probe's generate: nothing runs half asleep
-    assert names == ["wake_up", "collective_rpc", "reset_prefix_cache", "wake_up", "generate"]
-    assert llm.calls[3] == ("wake_up", ("kv_cache",))
+    assert names == ["wake_up", "collective_rpc", "apply_model", "reset_prefix_cache", "wake_up", "generate"]
+    assert llm.calls[4] == ("wake_up", ("kv_cache",))
 
 
 def test_sleep_mode_refused_on_cpu_before_the_engine_starts():
