@@ -20,7 +20,6 @@ from triage_trl.nvfp4.learner import NVFP4EmulatedLinear, convert_to_nvfp4_learn
 
 pytest.importorskip("vllm", reason="vLLM is not installed (e.g. the CUDA check machine)")
 from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_vllm  # noqa: E402
-from triage_trl.sampler.vllm_engine import engine_dtype  # noqa: E402
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -90,8 +89,7 @@ def test_vllm_nvfp4_layers_match_the_learner_with_the_checkpoint_scales(nvfp4_vl
             x_vllm = ref_nvfp4_quant_dequant(x, layer.input_global_scale_inv, 16)
             assert torch.equal(x_vllm, nvfp4_fake_quantize_vllm(x, members[0].input_global_scale)), name
             # the outputs: equal to bf16 GEMM rounding
-            # (the engine computes in float32 on CPUs without native bf16 GEMMs: same bf16 values, wider products)
-            y_vllm = layer.quant_method.apply(layer, x.to(engine_dtype()))
+            y_vllm = layer.quant_method.apply(layer, x)
             y_learner = torch.cat([m(x) for m in members], dim=-1)
         diff = (y_vllm.float() - y_learner.float()).abs()
         bound = gemm_rounding_bound(x_vllm, w_vllm, y_vllm, y_learner)

@@ -17,7 +17,6 @@ import torch
 pytest.importorskip("vllm")
 
 from triage_trl.sampler.engine import TriageVLLMGeneration  # noqa: E402
-from triage_trl.sampler.vllm_engine import engine_dtype  # noqa: E402
 
 PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
 GAP_BOUND = {"bf16": 0.03, "nvfp4": 0.3}
@@ -89,7 +88,7 @@ def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
     report = s.gen.kernel_report
     assert report["platform"] == "cpu"
     assert report["sampler_precision"] == precision
-    assert report["dtype"] == str(engine_dtype()).removeprefix("torch.")  # bf16, fp32 on CPUs without bf16 GEMMs
+    assert report["dtype"] == "bfloat16"
     if precision == "nvfp4":
         assert report["linear_kernels"] == "CompressedTensorsW4A4Fp4/FastCpuNvFp4LinearKernel x8"
         assert report["activations"].startswith("nvfp4")
@@ -200,9 +199,9 @@ def test_nvfp4_reload_refreshes_fast_kernel_cache(triage_samplers):
             cached = layer.nvfp4_dequantised.weight
             packed = layer.weight.data.view(torch.uint8)
             fresh = dequantize_to_dtype(packed, layer.weight_scale.data, layer.weight_global_scale.data,
-                                        engine_dtype(), 16, swizzle=False)
+                                        torch.bfloat16, 16, swizzle=False)
             assert torch.equal(cached, fresh) and not torch.equal(cached, old)
-            x = torch.randn(5, cached.shape[1]).to(engine_dtype())
+            x = torch.randn(5, cached.shape[1]).to(torch.bfloat16)
             out, ref = layer.scheme.kernel.apply_weights(layer, x), emu.apply_weights(layer, x)
             assert bool(((out.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-3).all())
     finally:

@@ -204,7 +204,7 @@ class NVFP4Config:
     def resolved_nvfp4_emulation_dtype(self, device_type: str = "cpu") -> str:
         """``nvfp4_emulation_dtype``, ``auto`` resolved for a learner on ``device_type``: ``"bf16"`` where bf16 GEMMs
         run natively (``triage_trl.runtime.native_bf16_gemm``: CUDA, or CPUs with AVX512-BF16/AMX), else ``"fp32"``
-        (the sampler engine then runs in fp32 too: ``triage_trl.sampler.vllm_engine.engine_dtype``)."""
+        (the sampler's NVFP4 kernel forms its products in float32 there too, then rounds them to bf16)."""
         if self.nvfp4_emulation_dtype != "auto":
             return self.nvfp4_emulation_dtype
         from ..runtime import native_bf16_gemm

@@ -17,16 +17,18 @@ import torch
 
 from ..runtime import environment_overrides, preserved_torch_threads
 
-SAMPLER_PRECISION_DTYPE = torch.bfloat16
-"""The precision of the sampler's unquantised weights (``sampler_precision="bf16"``, and the NVFP4 checkpoint's
-non-NVFP4 tensors)."""
+SAMPLER_DTYPE = torch.bfloat16
+"""The dtype the engine computes in and holds its unquantised tensors in, on every platform. Not float32 on CPUs
+without native bf16 GEMMs (AVX2 only), although torch's emulated bf16 products are 10-500x slower there: vLLM 0.31's
+CPU linears prepack float32 weights for oneDNN and drop the originals, and after ``reload_weights`` such an engine
+computed with garbage (8 nats of log-prob gap on SmolLM2-135M, measured on an AVX2 AMD EPYC). The NVFP4 layers' own
+GEMMs (``cpu_kernel``) form their bf16 products in float32 there instead."""
 NVFP4CpuKernel = Literal["fast", "emulation"]
 _QUANT_SCALE_SUFFIXES = (".weight_scale", ".weight_global_scale", ".input_global_scale", ".weight_packed")
 _REGISTERED_CPU_KERNELS: set[str] = set()
 
 __all__ = [
-    "SAMPLER_PRECISION_DTYPE",
-    "engine_dtype",
+    "SAMPLER_DTYPE",
     "finish_sampler_checkpoint",
     "inspect_kernels",
     "needs_cast",
@@ -81,7 +83,7 @@ def start_engine(
                 "VLLM_ENABLE_V1_MULTIPROCESSING=0)."
             )
         disabled = _register_cpu_nvfp4_kernels(nvfp4_cpu_kernel)
-    kwargs = dict(model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), dtype=engine_dtype())
+    kwargs = dict(model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), dtype=SAMPLER_DTYPE)
     if on_cpu:
         kwargs["enforce_eager"] = True
     kwargs.update(llm_kwargs)
@@ -156,7 +158,7 @@ def finish_sampler_checkpoint(out_dir: str | os.PathLike) -> None:
     """Make ``config.json`` say the engine runs bf16 (vLLM reads the dtype there), and check it parses."""
     cfg_path = Path(out_dir) / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["torch_dtype"] = cfg["dtype"] = str(engine_dtype()).removeprefix("torch.")
+    cfg["torch_dtype"] = cfg["dtype"] = str(SAMPLER_DTYPE).removeprefix("torch.")
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
@@ -193,7 +195,7 @@ def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
     report = {
         "platform": device,
         "sampler_precision": precision,
-        "dtype": str(engine_dtype()).removeprefix("torch."),
+        "dtype": str(SAMPLER_DTYPE).removeprefix("torch."),
         "weights": weights,
         "activations": activations,
         "linear_kernels": kernels,
@@ -235,33 +237,23 @@ def _count_linear_kernels(model) -> tuple[dict[str, int], set[str]]:
     return counts, gemms
 
 
-def engine_dtype() -> torch.dtype:
-    """The dtype the engine computes in: bf16 on every platform.
-
-    Not float32 on CPUs without native bf16 GEMMs (AVX2 only), although torch's emulated bf16 products are 10-500x
-    slower there: vLLM 0.31's CPU linears prepack float32 weights for oneDNN and drop the originals, and after
-    ``reload_weights`` such an engine computed with garbage (8 nats of log-prob gap on SmolLM2-135M, measured on an
-    AVX2 AMD EPYC). The NVFP4 layers' own GEMMs (``cpu_kernel``) form their bf16 products in float32 there instead.
-    """
-    return SAMPLER_PRECISION_DTYPE
+_FLOAT_DTYPES_KEPT = (SAMPLER_DTYPE, torch.float8_e4m3fn)
 
 
 def needs_cast(name: str, tensor: torch.Tensor) -> bool:
-    """Whether a checkpoint tensor must be cast for the engine: floating, not already in the engine's dtype, not fp8,
-    and not an NVFP4 scale or packed weight (which keep their own dtypes)."""
+    """Whether a checkpoint tensor must be cast to the sampler's dtype: floating, not already bf16/fp8, and not an
+    NVFP4 scale or packed weight (which keep their own dtypes)."""
     return (
         tensor.dtype.is_floating_point
-        and tensor.dtype not in (engine_dtype(), torch.float8_e4m3fn)
+        and tensor.dtype not in _FLOAT_DTYPES_KEPT
         and not name.endswith(_QUANT_SCALE_SUFFIXES)
     )
 
 
 def to_sampler_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached copy rounded to bf16 and held in the engine's dtype when floating, else the tensor itself."""
+    """A detached copy in the sampler's dtype when floating, else the tensor itself."""
     tensor = tensor.detach()
-    if not tensor.is_floating_point():
-        return tensor
-    return tensor.to(SAMPLER_PRECISION_DTYPE).to(engine_dtype())
+    return tensor.to(SAMPLER_DTYPE) if tensor.is_floating_point() and tensor.dtype != SAMPLER_DTYPE else tensor
 
 
 def sampler_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
