@@ -12,6 +12,7 @@ same command resumes) and prints the markdown table.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
@@ -55,8 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triage-eval`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
-    import os
-
     from .runner import evaluate
 
     if args.to_card is not None and not os.path.isfile(os.path.join(args.to_card, "README.md")):
