@@ -1,18 +1,19 @@
 """The stability lab (``docs/stability.md``): TRIAGE against naive NVFP4, TRL's importance-sampling corrections and bf16.
 
-Runs every (configuration, seed) of ``triage_trl.lab.configs`` on the same model, data, seeds and step budget,
-one at a time, each in its own worker process (``python -m triage_trl.lab.worker``: a fresh vLLM engine per run),
-seed-major (every configuration with the first seed, then the next seed), so a partial lab already has a full
-table. Runs whose ``run_summary.json`` exists are skipped (resume: rerun the same command). A worker that dies
+Runs every (configuration, dose, seed) of ``triage_trl.lab.configs`` on the same model, data, seeds and step
+budget: each NVFP4 configuration at every mismatch dose (the NVFP4 layer recipe), the ablations at the ablation
+dose, bf16 once. One run at a time, each in its own worker process (``python -m triage_trl.lab.worker``: a fresh
+vLLM engine per run), seed-major (every run of the first seed, then the next seed), so a partial lab already has a
+full table. Runs whose ``run_summary.json`` exists are skipped (resume: rerun the same command). A worker that dies
 without a summary (e.g. killed for memory) is recorded as failed; delete its folder to retry it. At the end it
 writes ``results.md``, ``overlay.png`` and ``observations.png`` (``python -m triage_trl.lab.summarize``).
 
 Usage:
     python benchmarks/stability_lab.py [--scale cpu|smoke|gpu] [--output-dir DIR] [--configs A B ...]
-        [--seeds 0 1 2] [--steps N] [--learning-rate LR] [--prompts-per-step P] [--num-generations G]
+        [--seeds 0 1 2] [--doses paper stress] [--ablation-dose paper] [--steps N] [--learning-rate LR] [--prompts-per-step P] [--num-generations G]
         [--eval-size E] [--eval-every K] [--model PATH] [--dry-run]
 
-Layout of DIR: ``lab.json`` (the plan), ``runs/<configuration>/seed<S>/`` (``worker.log``, ``log_history.jsonl``,
+Layout of DIR: ``lab.json`` (the plan), ``runs/<configuration>@<dose>/seed<S>/`` (``runs/bf16/seed<S>/``) (``worker.log``, ``log_history.jsonl``,
 ``held_out.jsonl``, ``run_summary.json``, ``trainer_state.json``, ``plots/``), ``results.md`` and the plots.
 """
 
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, lab_config, resolve_settings, run_path,
+from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, plan_runs, resolve_settings, run_label, run_path,
                                     settings_to_argv)
 from triage_trl.lab.worker import RUN_SUMMARY
 from triage_trl.runs import TINY_MODEL, resolve_model
@@ -65,12 +66,12 @@ def _check_plan(lab_dir: str, plan: dict) -> None:
                          "--output-dir, or delete the folder to start over.")
 
 
-def run_one(config: str, seed: int, run_dir: str, settings: dict) -> dict:
-    """Run the worker for one (configuration, seed) in a subprocess (output to ``run_dir/worker.log``); returns its
-    ``run_summary.json``, written here as failed when the worker left none."""
+def run_one(config: str, dose: str | None, seed: int, run_dir: str, settings: dict) -> dict:
+    """Run the worker for one (configuration, dose, seed) in a subprocess (output to ``run_dir/worker.log``); returns
+    its ``run_summary.json``, written here as failed when the worker left none."""
     os.makedirs(run_dir, exist_ok=True)
     cmd = [sys.executable, "-m", "triage_trl.lab.worker", "--config", config, "--seed", str(seed),
-           "--run-dir", run_dir, *settings_to_argv(settings)]
+           "--run-dir", run_dir, *(["--dose", dose] if dose else []), *settings_to_argv(settings)]
     start = time.perf_counter()
     with open(os.path.join(run_dir, "worker.log"), "w", encoding="utf-8") as log:
         log.write(" ".join(cmd) + "\n")
@@ -78,7 +79,7 @@ def run_one(config: str, seed: int, run_dir: str, settings: dict) -> dict:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_process_env(), check=False).returncode
     path = os.path.join(run_dir, RUN_SUMMARY)
     if not os.path.isfile(path):
-        summary = {"config": config, "seed": seed, "status": f"failed: worker exited with code {rc} and no summary "
+        summary = {"config": config, "dose": dose, "seed": seed, "status": f"failed: worker exited with code {rc} and no summary "
                    "(see worker.log)", "held_out": [], "wall_seconds": time.perf_counter() - start}
         with open(path, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
@@ -92,57 +93,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None, help="lab folder (default runs/stability_lab_<scale>)")
     parser.add_argument("--configs", nargs="+", default=None, help="configuration names (default: all, in order)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (default: the scale's)")
+    parser.add_argument("--doses", nargs="+", default=None, help="mismatch doses of the NVFP4 configurations "
+                        "(triage_trl.lab.configs.DOSES; default: the scale's)")
+    parser.add_argument("--ablation-dose", default=None, help="the dose of the ablations (default: the scale's)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
     args = parser.parse_args(argv)
     settings = resolve_settings(args)
     configs = args.configs or settings["configs"]
     seeds = args.seeds if args.seeds is not None else settings["seeds"]
-    for name in configs:
-        try:
-            lab_config(name)
-        except KeyError as err:
-            parser.error(str(err))
+    doses = args.doses if args.doses is not None else settings["doses"]
+    ablation_dose = args.ablation_dose or settings["ablation_dose"]
+    if args.ablation_dose is None and ablation_dose not in doses and len(doses) == 1:
+        ablation_dose = doses[0]  # one dose given: the ablations run there
+    try:
+        plan = plan_runs(configs, seeds, doses, ablation_dose)
+    except (KeyError, ValueError) as err:
+        parser.error(str(err).strip("'\""))
     lab_dir = args.output_dir or os.path.join("runs", f"stability_lab_{args.scale}")
-    plan = [(config, seed) for seed in seeds for config in configs]
-    todo = [(c, s) for c, s in plan if not os.path.isfile(os.path.join(run_path(lab_dir, c, s), RUN_SUMMARY))]
+    todo = [r for r in plan if not os.path.isfile(os.path.join(run_path(lab_dir, r[0], r[2], r[1]), RUN_SUMMARY))]
     per_run = estimate_run_seconds(settings)
 
-    print(f"Stability lab: {len(configs)} configurations x {len(seeds)} seeds = {len(plan)} runs "
-          f"({len(plan) - len(todo)} done, {len(todo)} to run) in {lab_dir}")
+    print(f"Stability lab: {len(configs)} configurations, doses {doses} (ablations at {ablation_dose!r}), "
+          f"{len(seeds)} seeds = {len(plan)} runs ({len(plan) - len(todo)} done, {len(todo)} to run) in {lab_dir}")
     print("Settings: " + ", ".join(f"{k}={settings.get(k)}" for k in PLANNED_KEYS))
     print(f"Estimate: {_minutes(per_run)} per run ({evaluations_per_run(settings)} held-out evaluations), "
           f"{_minutes(per_run * len(todo))} for the {len(todo)} runs to do (scale {args.scale!r} estimate "
           f"{settings['estimate']})")
     if args.dry_run:
-        for i, (config, seed) in enumerate(plan, 1):
-            done = (config, seed) not in todo
-            print(f"  {i:3d}. {config:<24} seed {seed}{'  (done)' if done else ''}")
+        for i, (config, dose, seed) in enumerate(plan, 1):
+            done = (config, dose, seed) not in todo
+            print(f"  {i:3d}. {run_label(config, dose):<32} seed {seed}{'  (done)' if done else ''}")
         return 0
 
     os.makedirs(lab_dir, exist_ok=True)
     if settings["model"] == TINY_MODEL:  # built once, shared by every run of the lab
         settings["model"] = os.path.abspath(resolve_model(TINY_MODEL, lab_dir))
     record = {"settings": {k: settings.get(k) for k in (*PLANNED_KEYS, "trainer_overrides")}, "configs": configs,
-              "seeds": seeds}
+              "seeds": seeds, "doses": doses, "ablation_dose": ablation_dose,
+              "runs": [run_label(c, d) for c, d, s in plan if s == seeds[0]]}
     _check_plan(lab_dir, record)
     with open(os.path.join(lab_dir, PLAN_FILE), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
 
     start, times = time.perf_counter(), []
-    for i, (config, seed) in enumerate(plan, 1):
-        run_dir = run_path(lab_dir, config, seed)
-        if (config, seed) not in todo:
-            print(f"[{i}/{len(plan)}] {config} seed {seed}: done earlier, skipped", flush=True)
+    for i, (config, dose, seed) in enumerate(plan, 1):
+        run_dir, label = run_path(lab_dir, config, seed, dose), run_label(config, dose)
+        if (config, dose, seed) not in todo:
+            print(f"[{i}/{len(plan)}] {label} seed {seed}: done earlier, skipped", flush=True)
             continue
-        print(f"[{i}/{len(plan)}] {config} seed {seed}: running ...", flush=True)
+        print(f"[{i}/{len(plan)}] {label} seed {seed}: running ...", flush=True)
         t0 = time.perf_counter()
-        summary = run_one(config, seed, run_dir, settings)
+        summary = run_one(config, dose, seed, run_dir, settings)
         times.append(time.perf_counter() - t0)
         left = len(todo) - len(times)
         eta = left * sum(times) / len(times)
         accuracies = [r["accuracy"] for r in summary.get("held_out", [])]
         acc = f", held-out {accuracies[0]:.1%} -> {accuracies[-1]:.1%}" if accuracies else ""
-        print(f"[{i}/{len(plan)}] {config} seed {seed}: {summary['status']}{acc} in {_minutes(times[-1])}; "
+        print(f"[{i}/{len(plan)}] {label} seed {seed}: {summary['status']}{acc} in {_minutes(times[-1])}; "
               f"elapsed {_minutes(time.perf_counter() - start)}, ETA {_minutes(eta)} ({left} runs left)", flush=True)
 
     from triage_trl.lab.summarize import main as summarize_main

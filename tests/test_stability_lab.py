@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from triage_trl.lab.configs import (CONFIGS, SCALES, add_setting_arguments, build_trainer_config, resolve_settings,
-                                    run_path, scale_preset, settings_to_argv)
+from triage_trl.lab.configs import (CONFIGS, DOSES, SCALES, add_setting_arguments, build_trainer_config, plan_runs,
+                                    resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, reward_auc, run_metrics)
-from triage_trl.lab.summarize import observations, summarize
+from triage_trl.lab.summarize import dose_report, load_runs, observations, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAB_SCRIPT = os.path.join(ROOT, "benchmarks", "stability_lab.py")
@@ -43,8 +43,10 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
     from triage_trl.trainer import TriageGRPOConfig
 
     settings = scale_preset(scale)
+    dose = settings["ablation_dose"]
     built = {name: build_trainer_config(name, settings, str(tmp_path / name), seed=1,
-                                        trainer_overrides=settings["trainer_overrides"]) for name in CONFIGS}
+                                        trainer_overrides=settings["trainer_overrides"],
+                                        dose=dose if CONFIGS[name].uses_nvfp4 else None) for name in CONFIGS}
     for name, config in built.items():
         assert isinstance(config, TriageGRPOConfig), name
         assert config.triage_mode in ("diagnose", "full") and config.seed == 1
@@ -74,6 +76,36 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
     base = built["triage"]
     assert (base.triage_rebalance_floor, base.triage_repair_mode, base.triage_rebalance_scope,
             base.triage_segment_mode) == (0.25, "excess_is", "segment", "newline")
+    assert all(built[n].nvfp4_recipe == DOSES[dose].overrides["nvfp4_recipe"] for n in CONFIGS if n != "bf16")
+
+
+def test_doses_set_the_nvfp4_recipe_and_bf16_takes_none(tmp_path):
+    settings = scale_preset("cpu")
+    assert list(DOSES) == ["paper", "stress"] and settings["doses"] == ["paper", "stress"]
+    recipes = {d: build_trainer_config("triage", settings, str(tmp_path / d), seed=0, dose=d).nvfp4_recipe
+               for d in DOSES}
+    assert recipes == {"paper": "paper", "stress": "all"}
+    with pytest.raises(ValueError, match="needs a dose"):
+        build_trainer_config("triage", settings, str(tmp_path / "x"), seed=0)
+    with pytest.raises(ValueError, match="takes no dose"):
+        build_trainer_config("bf16", settings, str(tmp_path / "y"), seed=0, dose="paper")
+    with pytest.raises(KeyError, match="Unknown dose 'huge'"):
+        build_trainer_config("triage", settings, str(tmp_path / "z"), seed=0, dose="huge")
+
+
+def test_plan_runs_every_nvfp4_configuration_at_each_dose_ablations_at_one():
+    plan = plan_runs(["bf16", "nvfp4_naive", "triage", "triage_no_repair"], [0, 1], ["paper", "stress"], "paper")
+    seed0 = [(c, d) for c, d, s in plan if s == 0]
+    assert seed0 == [("bf16", None), ("nvfp4_naive", "paper"), ("nvfp4_naive", "stress"), ("triage", "paper"),
+                     ("triage", "stress"), ("triage_no_repair", "paper")]
+    assert [s for _, _, s in plan] == [0] * 6 + [1] * 6  # seed-major
+    with pytest.raises(ValueError, match="--ablation-dose"):
+        plan_runs(["triage_no_repair"], [0], ["stress"], "paper")
+    with pytest.raises(ValueError, match="--doses"):
+        plan_runs(["triage"], [0], [], None)
+    assert plan_runs(["bf16"], [0], [], None) == [("bf16", None, 0)]
+    assert run_path("/lab", "triage", 2, "paper") == os.path.join("/lab", "runs", "triage@paper", "seed2")
+    assert split_label("triage@paper") == ("triage", "paper") and split_label("bf16") == ("bf16", None)
 
 
 def test_gpu_preset_documents_the_qwen3_4b_recipe():
@@ -161,7 +193,7 @@ def test_run_metrics():
     summary = {"status": "ok", "held_out": _held_out(0.25, 0.5, 0.375), "wall_seconds": 90.0}
     m = run_metrics(summary, history)
     assert m == {"step0_acc": 0.25, "final_acc": 0.375, "best_acc": 0.5, "reward_auc": pytest.approx(0.5, abs=1e-12),
-                 "k3_max": 0.3, "k3_final": 0.05, "spikes": 1, "collapsed": False, "failed": False,
+                 "k3_first": 0.1, "k3_mean": pytest.approx(0.1625), "k3_max": 0.3, "k3_final": 0.05, "spikes": 1, "collapsed": False, "failed": False,
                  "non_finite": False, "wall_min": 1.5, "steps": 4}
 
 
@@ -176,13 +208,13 @@ def test_observations_numbers():
 
 # ---------------------------------------------------------------- summary of a synthetic lab folder
 
-def _write_run(lab_dir, config, seed, history, held_out, status="ok", wall=120.0):
-    run_dir = run_path(str(lab_dir), config, seed)
+def _write_run(lab_dir, config, seed, history, held_out, status="ok", wall=120.0, dose=None):
+    run_dir = run_path(str(lab_dir), config, seed, dose)
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "log_history.jsonl"), "w") as f:
         f.writelines(json.dumps(h) + "\n" for h in history)
     with open(os.path.join(run_dir, "run_summary.json"), "w") as f:
-        json.dump({"config": config, "seed": seed, "status": status, "held_out": held_out, "wall_seconds": wall,
+        json.dump({"config": config, "dose": dose, "seed": seed, "status": status, "held_out": held_out, "wall_seconds": wall,
                    "settings": {"scale": "synthetic"}}, f)
 
 
@@ -216,6 +248,30 @@ def test_summarize_synthetic_lab(tmp_path):
         assert os.path.getsize(tmp_path / png) > 10_000, png
 
 
+def test_dose_report_against_bf16_and_the_goal(tmp_path):
+    """bf16 ends at 60% (2 seeds); at dose paper TRIAGE ends at 59.5% (ratio 0.99 >= 0.98, above naive's 40%) with no
+    collapse: goal met; at dose stress TRIAGE ends at 40%: ratio 0.667, goal not met."""
+    hist = _history([0.5] * 3, na=[3, 2, 1], pa=[1, 1, 1], conc=[0.5] * 3)
+    for seed in (0, 1):
+        _write_run(tmp_path, "bf16", seed, hist, _held_out(0.6, 0.6))
+        _write_run(tmp_path, "nvfp4_naive", seed, hist, _held_out(0.6, 0.4), dose="paper")
+        _write_run(tmp_path, "triage", seed, hist, _held_out(0.6, 0.59 + 0.01 * seed), dose="paper")
+        _write_run(tmp_path, "triage", seed, hist, _held_out(0.5, 0.4), dose="stress")
+    runs = load_runs(str(tmp_path))
+    assert list(runs) == ["bf16", "nvfp4_naive@paper", "triage@paper", "triage@stress"]
+    paper = dose_report(runs, "paper")
+    assert [r["label"] for r in paper["rows"]] == ["bf16", "nvfp4_naive@paper", "triage@paper"]
+    assert paper["goal"]["ratio"] == pytest.approx(0.595 / 0.6) and paper["goal"]["met"]
+    assert paper["goal"]["over_naive"] == pytest.approx(0.195) and paper["goal"]["collapsed"] == 0
+    stress = dose_report(runs, "stress")
+    assert stress["goal"]["ratio"] == pytest.approx(0.4 / 0.6) and not stress["goal"]["met"]
+    text = open(summarize(str(tmp_path))).read()
+    assert "### Dose `paper`" in text and "Goal met: `triage@paper` / bf16 = 0.992" in text
+    assert "Goal not met: `triage@stress` / bf16 = 0.667" in text
+    assert "| triage@paper | 2 |" in text and "dose `stress`: every decoder linear in NVFP4" in text
+    assert os.path.getsize(tmp_path / "observations_paper.png") > 10_000
+
+
 def test_summarize_refuses_an_empty_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="stability_lab.py"):
         summarize(str(tmp_path))
@@ -243,12 +299,13 @@ def test_smoke_lab_end_to_end(tmp_path):
            "--output-dir", str(lab_dir)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[2/2] triage seed 0: ok" in done.stdout
+    assert "[2/2] triage@stress seed 0: ok" in done.stdout
     for name in ("nvfp4_naive", "triage"):
-        run_dir = run_path(str(lab_dir), name, 0)
+        run_dir = run_path(str(lab_dir), name, 0, "stress")
         with open(os.path.join(run_dir, "run_summary.json")) as f:
             summary = json.load(f)
         assert summary["status"] == "ok" and summary["steps"] == 1, summary["status"]
+        assert summary["dose"] == "stress" and summary["overrides"]["nvfp4_recipe"] == "all"
         assert [r["step"] for r in summary["held_out"]] == [0, 1] and summary["held_out"][0]["total"] == 4
         with open(os.path.join(run_dir, "log_history.jsonl")) as f:
             logs = [json.loads(line) for line in f]
@@ -257,8 +314,9 @@ def test_smoke_lab_end_to_end(tmp_path):
         assert os.path.getsize(os.path.join(run_dir, "plots", "k3_kl.png")) > 1000
         assert not os.path.exists(os.path.join(run_dir, "_sampler_checkpoint"))
     text = (lab_dir / "results.md").read_text()
-    assert "| nvfp4_naive | 1 |" in text and "| triage | 1 |" in text
-    assert (lab_dir / "overlay.png").stat().st_size > 1000 and (lab_dir / "observations.png").stat().st_size > 1000
+    assert "| nvfp4_naive@stress | 1 |" in text and "| triage@stress | 1 |" in text
+    assert (lab_dir / "overlay.png").stat().st_size > 1000
+    assert (lab_dir / "observations_stress.png").stat().st_size > 1000
     # resume: a second call skips both runs and only summarizes
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 2

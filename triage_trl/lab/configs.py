@@ -6,8 +6,13 @@ rate). Every configuration logs the ``triage/`` metrics (``triage_mode`` is ``"d
 learner-sampler mismatch (``triage/k3_kl``, nats/token) is measured the same way in all of them; ``diagnose``
 keeps every TRIAGE weight at 1 (plain GRPO loss, or TRL's correction when it is requested).
 
-A scale preset fixes the model, the task and the run size (steps, prompts, completions, held-out slice). Every
-value can be overridden from the command line (:func:`add_setting_arguments`, :func:`resolve_settings`). This
+A mismatch dose (:data:`DOSES`) is the NVFP4 layer recipe of a run, named by the learner-sampler mismatch it
+produces: ``paper`` (attention and the boundary blocks in bf16, the regime of published NVFP4 RL) and ``stress``
+(every decoder linear in NVFP4). Every NVFP4 configuration runs at each dose of the lab, the ablations at one dose
+(``ablation_dose``), ``bf16`` once (it has no dose). A run is named ``<configuration>@<dose>`` (``bf16`` alone).
+
+A scale preset fixes the model, the task, the run size (steps, prompts, completions, held-out slice) and the doses.
+Every value can be overridden from the command line (:func:`add_setting_arguments`, :func:`resolve_settings`). This
 module imports neither torch nor TRL.
 """
 
@@ -24,11 +29,36 @@ TRIAGE_FULL = {**NVFP4, "triage_mode": "full"}
 
 @dataclass(frozen=True)
 class LabConfig:
-    """One configuration of the lab: ``overrides`` are ``TriageGRPOConfig`` fields (they win over the demo's)."""
+    """One configuration of the lab: ``overrides`` are ``TriageGRPOConfig`` fields (they win over the demo's);
+    an ``ablation`` runs only at the lab's ``ablation_dose``."""
 
     name: str
     description: str
     overrides: dict = field(default_factory=dict)
+    ablation: bool = False
+
+    @property
+    def uses_nvfp4(self) -> bool:
+        """Whether the learner or the sampler runs NVFP4 (then the run has a dose)."""
+        return "nvfp4" in (self.overrides.get("learner_precision"), self.overrides.get("sampler_precision"))
+
+
+@dataclass(frozen=True)
+class Dose:
+    """A mismatch dose: the NVFP4 layer recipe (``overrides``, ``TriageGRPOConfig`` fields) of an NVFP4 run."""
+
+    name: str
+    description: str
+    overrides: dict
+
+
+DOSES: dict[str, Dose] = {d.name: d for d in [
+    Dose("paper", "the regime of published NVFP4 RL: nvfp4_recipe='paper' (attention, the first 4% and the last 15% "
+         "of the blocks in bf16; the other blocks' MLP in NVFP4)", {"nvfp4_recipe": "paper"}),
+    Dose("stress", "every decoder linear in NVFP4 (nvfp4_recipe='all'): on SmolLM2-135M about 3x the paper "
+         "recipe's k3 against the float model (docs/nvfp4.md)", {"nvfp4_recipe": "all"}),
+]}
+"""The doses, smallest mismatch first."""
 
 
 _REGISTRY = [
@@ -50,18 +80,18 @@ _REGISTRY = [
     LabConfig("triage", "(e) NVFP4 + TRIAGE full: classify, diagnose hot segments, rebalance, bounded repair "
               "(spec defaults)", dict(TRIAGE_FULL)),
     LabConfig("triage_no_rebalance", "(e) without rebalancing: triage_rebalance_floor=1.0 makes beta = 1 (no "
-              "dedicated switch); repair unchanged", {**TRIAGE_FULL, "triage_rebalance_floor": 1.0}),
+              "dedicated switch); repair unchanged", {**TRIAGE_FULL, "triage_rebalance_floor": 1.0}, ablation=True),
     LabConfig("triage_no_repair", "(e) without repair: triage_repair_mode='none'; rebalancing unchanged",
-              {**TRIAGE_FULL, "triage_repair_mode": "none"}),
+              {**TRIAGE_FULL, "triage_repair_mode": "none"}, ablation=True),
     LabConfig("triage_repair_mask", "(e) repair by masking: triage_repair_mode='mask' (severe tokens get weight 0, "
-              "MIS-style) instead of the bounded excess-IS weight", {**TRIAGE_FULL, "triage_repair_mode": "mask"}),
+              "MIS-style) instead of the bounded excess-IS weight", {**TRIAGE_FULL, "triage_repair_mode": "mask"}, ablation=True),
     LabConfig("triage_scope_tail", "(e) rebalancing on tail tokens only: triage_rebalance_scope='tail' (not every "
               "token of the heavier amplifying quadrant in a hot segment)",
-              {**TRIAGE_FULL, "triage_rebalance_scope": "tail"}),
+              {**TRIAGE_FULL, "triage_rebalance_scope": "tail"}, ablation=True),
     LabConfig("triage_fixed_segments", "(e) fixed 16-token windows instead of newline segments: "
               "triage_segment_mode='fixed', triage_segment_max_tokens=16 (the default 64 would make a whole "
               "32-token CPU completion one segment)",
-              {**TRIAGE_FULL, "triage_segment_mode": "fixed", "triage_segment_max_tokens": 16}),
+              {**TRIAGE_FULL, "triage_segment_mode": "fixed", "triage_segment_max_tokens": 16}, ablation=True),
 ]
 CONFIGS: dict[str, LabConfig] = {c.name: c for c in _REGISTRY}
 """The configurations, in table order."""
@@ -78,14 +108,14 @@ SCALES: dict[str, dict] = {
     "cpu": dict(
         model=None, task="reasoning_gym", data_path=None, max_steps=5, prompts_per_step=4, num_generations=4,
         max_completion_length=32, temperature=0.7, learning_rate=2e-5, train_size=256, eval_size=32, eval_every=5,
-        seeds=[0, 1, 2], configs=list(CONFIGS), trainer_overrides={},
+        seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper", trainer_overrides={},
         estimate=dict(startup_s=30.0, step_s=27.0, eval_s=10.0),
     ),
     # CI/tests: a tiny random Qwen3 (`tiny-qwen3`, built once in the lab folder), 1 step.
     "smoke": dict(
         model="tiny-qwen3", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
         max_completion_length=8, temperature=0.7, learning_rate=1e-4, train_size=8, eval_size=4, eval_every=1,
-        seeds=[0], configs=list(CONFIGS), trainer_overrides={},
+        seeds=[0], configs=list(CONFIGS), doses=["stress"], ablation_dose="stress", trainer_overrides={},
         estimate=dict(startup_s=25.0, step_s=3.0, eval_s=1.0),
     ),
     # Documented for GPU runs, not run on this machine: Qwen3-4B on GSM8K with the knobs of recipes/qwen3_4b_*.yaml
@@ -94,7 +124,7 @@ SCALES: dict[str, dict] = {
     "gpu": dict(
         model="Qwen/Qwen3-4B", task="gsm8k", data_path=None, max_steps=500, prompts_per_step=4, num_generations=8,
         max_completion_length=1024, temperature=1.0, learning_rate=1e-6, train_size=None, eval_size=500,
-        eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS),
+        eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper",
         trainer_overrides={
             "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"},
             "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
@@ -122,6 +152,57 @@ def lab_config(name: str) -> LabConfig:
     return CONFIGS[name]
 
 
+def lab_dose(name: str) -> Dose:
+    """The dose ``name``.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+    """
+    if name not in DOSES:
+        raise KeyError(f"Unknown dose {name!r}: use one of {', '.join(DOSES)}.")
+    return DOSES[name]
+
+
+def run_label(config: str, dose: str | None) -> str:
+    """The name of a run's row and folder: ``<configuration>@<dose>``, or the configuration alone without a dose."""
+    return config if dose is None else f"{config}@{dose}"
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """``(configuration, dose)`` of a :func:`run_label`."""
+    config, _, dose = label.partition("@")
+    return config, dose or None
+
+
+def plan_runs(configs: list[str], seeds: list[int], doses: list[str], ablation_dose: str | None) -> list[tuple]:
+    """The lab's runs ``(configuration, dose, seed)``, seed-major: for each seed, each configuration in order; a
+    configuration without NVFP4 once (dose ``None``), an ablation at ``ablation_dose``, every other NVFP4
+    configuration at each dose.
+
+    Raises:
+        KeyError: an unknown configuration or dose.
+        ValueError: no dose for an NVFP4 configuration, or an ``ablation_dose`` not among ``doses``.
+    """
+    for name in doses:
+        lab_dose(name)
+    chosen = [lab_config(c) for c in configs]
+    if not doses and any(c.uses_nvfp4 for c in chosen):
+        raise ValueError("NVFP4 configurations need at least one dose: pass --doses (e.g. paper stress).")
+    if any(c.ablation for c in chosen) and ablation_dose not in doses:
+        raise ValueError(f"ablation_dose={ablation_dose!r} must be one of the lab's doses {doses}: pass "
+                         "--ablation-dose.")
+    plan = []
+    for seed in seeds:
+        for c in chosen:
+            if not c.uses_nvfp4:
+                plan.append((c.name, None, seed))
+            elif c.ablation:
+                plan.append((c.name, ablation_dose, seed))
+            else:
+                plan += [(c.name, d, seed) for d in doses]
+    return plan
+
+
 def scale_preset(scale: str) -> dict:
     """A deep copy of the preset ``scale``.
 
@@ -133,21 +214,28 @@ def scale_preset(scale: str) -> dict:
     return copy.deepcopy(SCALES[scale])
 
 
-def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, trainer_overrides: dict | None = None):
-    """The ``TriageGRPOConfig`` of configuration ``name`` for one run.
+def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, trainer_overrides: dict | None = None,
+                         dose: str | None = None):
+    """The ``TriageGRPOConfig`` of configuration ``name`` at ``dose`` for one run.
 
     Args:
         settings: the run settings (:data:`SETTING_KEYS`; e.g. a preset from :func:`resolve_settings`).
         output_dir: the run folder.
         trainer_overrides: the scale's extra ``TriageGRPOConfig`` fields (e.g. the GPU preset's); the
-            configuration's own overrides win over them.
+            configuration's own overrides win over them, the dose's over both.
+        dose: a :data:`DOSES` name; required for an NVFP4 configuration, refused for the others.
 
     Raises:
-        KeyError: unknown configuration; ValueError: a combination ``TriageGRPOConfig`` refuses.
+        KeyError: unknown configuration or dose; ValueError: a missing or superfluous dose, or a combination
+        ``TriageGRPOConfig`` refuses.
     """
     from ..demo import build_config
 
-    overrides = {**(trainer_overrides or {}), **lab_config(name).overrides}
+    config = lab_config(name)
+    if config.uses_nvfp4 != (dose is not None):
+        raise ValueError(f"Configuration {name!r} {'needs a dose' if config.uses_nvfp4 else 'runs no NVFP4 and takes no dose'}"
+                         f" (got dose={dose!r}).")
+    overrides = {**(trainer_overrides or {}), **config.overrides, **(lab_dose(dose).overrides if dose else {})}
     return build_config(
         output_dir, seed=seed,
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
@@ -215,6 +303,6 @@ PLAN_FILE = "lab.json"
 """The lab's plan (settings, configurations, seeds), written by ``benchmarks/stability_lab.py``."""
 
 
-def run_path(lab_dir: str, config: str, seed: int) -> str:
-    """The folder of one run: ``LAB_DIR/runs/<config>/seed<seed>``."""
-    return os.path.join(lab_dir, "runs", config, f"seed{seed}")
+def run_path(lab_dir: str, config: str, seed: int, dose: str | None = None) -> str:
+    """The folder of one run: ``LAB_DIR/runs/<config>@<dose>/seed<seed>`` (``runs/<config>/...`` without a dose)."""
+    return os.path.join(lab_dir, "runs", run_label(config, dose), f"seed{seed}")

@@ -96,8 +96,8 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
     """The table's numbers for one run, from its ``run_summary.json`` and log history.
 
     Returns:
-        ``final_acc``, ``best_acc``, ``step0_acc`` (NaN when there is no evaluation), ``reward_auc``, ``k3_max``,
-        ``k3_final`` (NaN when not logged), ``spikes``, ``collapsed``, ``failed``, ``non_finite``, ``wall_min``,
+        ``final_acc``, ``best_acc``, ``step0_acc`` (NaN when there is no evaluation), ``reward_auc``, ``k3_first``,
+        ``k3_mean``, ``k3_max``, ``k3_final`` (nats/token over the optimizer steps; NaN when not logged), ``spikes``, ``collapsed``, ``failed``, ``non_finite``, ``wall_min``,
         ``steps``.
     """
     held_out = summary.get("held_out") or []
@@ -112,6 +112,8 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
         "final_acc": accuracies[-1] if accuracies else math.nan,
         "best_acc": max(accuracies) if accuracies else math.nan,
         "reward_auc": reward_auc(rewards),
+        "k3_first": k3[0] if k3 else math.nan,
+        "k3_mean": sum(k3_finite) / len(k3_finite) if k3_finite else math.nan,
         "k3_max": max(k3_finite) if k3_finite else math.nan,
         "k3_final": k3[-1] if k3 else math.nan,
         "spikes": count_spikes(grad_norms),

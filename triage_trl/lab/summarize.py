@@ -1,13 +1,14 @@
 """``python -m triage_trl.lab.summarize LAB_DIR``: the stability lab's results table, overlay and observations.
 
-Reads every finished run (``LAB_DIR/runs/<config>/seed<S>/run_summary.json`` and its ``log_history.jsonl``) and
-writes into LAB_DIR:
+Reads every finished run (``LAB_DIR/runs/<config>@<dose>/seed<S>/run_summary.json`` and its
+``log_history.jsonl``) and writes into LAB_DIR:
 
-- ``results.md``: one row per configuration, mean ± std over seeds (rules from :mod:`triage_trl.lab.metrics`,
-  printed under the table), the configurations' descriptions, one row per run, and the paper's observations
-  measured on ``nvfp4_naive`` (NA vs PA tail-token counts over the first steps, tail concentration per step);
+- ``results.md``: one row per configuration and dose, mean ± std over seeds (rules from
+  :mod:`triage_trl.lab.metrics`, printed under the table); per dose, the runs against bf16 and the goal
+  (:data:`GOAL_RATIO`); the descriptions, one row per run, and the paper's observations measured on
+  ``nvfp4_naive`` (NA vs PA tail-token counts over the first steps, tail concentration per step);
 - ``overlay.png``: reward and k3 KL against the optimizer step for all configurations (:mod:`.plots`);
-- ``observations.png``: the observations' curves.
+- ``observations_<dose>.png``: the observations' curves, one per dose of ``nvfp4_naive``.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ import math
 import os
 
 from ..run_logs import read_log_history
-from .configs import CONFIGS, PLAN_FILE
-from .metrics import format_mean_std, rules_text, run_metrics, step_series
+from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
+from .metrics import format_mean_std, mean_std, rules_text, run_metrics, step_series
 from .plots import write_observations, write_overlay
 
 RESULTS = "results.md"
 OBSERVED_CONFIG = "nvfp4_naive"
 OBS_FIRST_STEPS = 5
 """The "first steps" of the observations: NA vs PA tail counts are totalled over steps 1..OBS_FIRST_STEPS."""
+BASELINE_CONFIG, GOAL_CONFIG = "bf16", "triage"
+GOAL_RATIO = 0.98
+"""The goal at each dose (issue 15): TRIAGE's final held-out accuracy >= GOAL_RATIO x bf16's (means over seeds), no
+collapsed seed, and above naive NVFP4."""
 
 
 def load_history(run_dir: str) -> list[dict]:
@@ -38,7 +43,8 @@ def load_history(run_dir: str) -> list[dict]:
 
 
 def load_runs(lab_dir: str) -> dict[str, list[dict]]:
-    """Finished runs by configuration (registry order, then unknown names sorted), each sorted by seed:
+    """Finished runs by label ``<configuration>@<dose>`` (``bf16`` alone; configuration registry order, then doses
+    in :data:`DOSES` order, then unknown names sorted), each sorted by seed:
     ``{"seed", "dir", "summary", "history", "metrics"}``."""
     runs: dict[str, list[dict]] = {}
     for path in glob.glob(os.path.join(lab_dir, "runs", "*", "seed*", "run_summary.json")):
@@ -46,11 +52,21 @@ def load_runs(lab_dir: str) -> dict[str, list[dict]]:
         with open(path, encoding="utf-8") as f:
             summary = json.load(f)
         history = load_history(run_dir)
-        config = summary.get("config") or os.path.basename(os.path.dirname(run_dir))
-        runs.setdefault(config, []).append({"seed": summary.get("seed"), "dir": run_dir, "summary": summary,
-                                            "history": history, "metrics": run_metrics(summary, history)})
-    order = [c for c in CONFIGS if c in runs] + sorted(c for c in runs if c not in CONFIGS)
+        label = (run_label(summary["config"], summary.get("dose")) if summary.get("config")
+                 else os.path.basename(os.path.dirname(run_dir)))
+        runs.setdefault(label, []).append({"seed": summary.get("seed"), "dir": run_dir, "summary": summary,
+                                           "history": history, "metrics": run_metrics(summary, history)})
+    known = [run_label(c, d) for c in CONFIGS for d in (None, *DOSES)]
+    order = [c for c in known if c in runs] + sorted(c for c in runs if c not in known)
     return {c: sorted(runs[c], key=lambda r: (r["seed"] is None, r["seed"])) for c in order}
+
+
+def _describe(label: str, rows: list[dict]) -> str:
+    config, dose = split_label(label)
+    text = CONFIGS[config].description if config in CONFIGS else rows[0]["summary"].get("description", "")
+    if dose:
+        text += f"; dose `{dose}`: " + (DOSES[dose].description if dose in DOSES else "unknown dose")
+    return text
 
 
 def _load_plan(lab_dir: str) -> dict:
@@ -62,7 +78,7 @@ def _load_plan(lab_dir: str) -> dict:
 
 
 def _table(runs: dict[str, list[dict]], planned: list[str]) -> list[str]:
-    header = ("| configuration | seeds | held-out acc. final (%) | held-out acc. best (%) | reward AUC | "
+    header = ("| run | seeds | held-out acc. final (%) | held-out acc. best (%) | reward AUC | "
               "k3 KL max (nats) | k3 KL final (nats) | grad-norm spikes | collapsed | failed | wall (min) |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name in planned + [c for c in runs if c not in planned]:
@@ -85,7 +101,7 @@ def _table(runs: dict[str, list[dict]], planned: list[str]) -> list[str]:
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
-    lines = ["| configuration | seed | status | steps | held-out acc. step 0 -> final (%) | reward AUC | "
+    lines = ["| run | seed | status | steps | held-out acc. step 0 -> final (%) | reward AUC | "
              "k3 KL final | spikes | collapsed | wall (min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in runs.items():
         for r in rows:
@@ -94,6 +110,66 @@ def _per_run(runs: dict[str, list[dict]]) -> list[str]:
                          f"{_num(m['step0_acc'] * 100, '.1f')} -> {_num(m['final_acc'] * 100, '.1f')} | "
                          f"{_num(m['reward_auc'], '.3f')} | {_num(m['k3_final'], '.4f')} | {m['spikes']} | "
                          f"{'yes' if m['collapsed'] else 'no'} | {_num(m['wall_min'], '.1f')} |")
+    return lines
+
+
+def dose_report(runs: dict[str, list[dict]], dose: str) -> dict:
+    """One dose against bf16 and the goal.
+
+    Returns:
+        ``rows``: per run label at ``dose`` (and ``bf16``), ``{"label", "n", "final", "best", "step0", "collapsed",
+        "k3_first", "k3_final", "k3_mean", "ratio"}`` (accuracies: mean over seeds, 0-1; ``ratio``: final /
+        bf16's final; k3 in nats/token, mean over seeds); ``goal``: ``{"ratio", "collapsed", "n", "over_naive",
+        "met"}`` for TRIAGE (``None`` without both TRIAGE and bf16 runs).
+    """
+    def mean(rows, key):
+        return mean_std([r["metrics"][key] for r in rows])[0]
+
+    base = runs.get(BASELINE_CONFIG, [])
+    base_final = mean(base, "final_acc") if base else math.nan
+    labels = [BASELINE_CONFIG] if base else []
+    labels += [label for label in runs if split_label(label)[1] == dose]
+    rows = []
+    for label in labels:
+        rs = runs[label]
+        final = mean(rs, "final_acc")
+        rows.append({"label": label, "n": len(rs), "final": final, "best": mean(rs, "best_acc"),
+                     "step0": mean(rs, "step0_acc"), "collapsed": sum(r["metrics"]["collapsed"] for r in rs),
+                     "k3_first": mean(rs, "k3_first"), "k3_final": mean(rs, "k3_final"),
+                     "k3_mean": mean(rs, "k3_mean"),
+                     "ratio": final / base_final if base_final > 0 else math.nan})
+    by_label = {r["label"]: r for r in rows}
+    goal = None
+    triage, naive = by_label.get(run_label(GOAL_CONFIG, dose)), by_label.get(run_label("nvfp4_naive", dose))
+    if triage and base:
+        over_naive = triage["final"] - naive["final"] if naive else math.nan
+        goal = {"ratio": triage["ratio"], "collapsed": triage["collapsed"], "n": triage["n"], "over_naive": over_naive,
+                "met": triage["ratio"] >= GOAL_RATIO and triage["collapsed"] == 0 and over_naive > 0}
+    return {"rows": rows, "goal": goal}
+
+
+def _dose_md(runs: dict[str, list[dict]], doses: list[str]) -> list[str]:
+    lines = ["## Per dose, against bf16", "",
+             f"Goal (issue 15): `{GOAL_CONFIG}` ends at >= {GOAL_RATIO:g}x `{BASELINE_CONFIG}`'s final held-out "
+             "accuracy (means over seeds), no collapsed seed, and above `nvfp4_naive`. k3: learner-sampler "
+             "`triage/k3_kl`, nats/token, mean over seeds at the first and last step and over all steps.", ""]
+    for dose in doses:
+        report = dose_report(runs, dose)
+        lines += [f"### Dose `{dose}`", "", "| run | seeds | held-out step 0 (%) | final (%) | best (%) | final / bf16 | "
+                  "collapsed | k3 first step | k3 last step | k3 mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in report["rows"]:
+            lines.append(f"| {r['label']} | {r['n']} | {_num(r['step0'] * 100, '.1f')} | {_num(r['final'] * 100, '.1f')} | "
+                         f"{_num(r['best'] * 100, '.1f')} | {_num(r['ratio'], '.3f')} | {r['collapsed']}/{r['n']} | "
+                         f"{_num(r['k3_first'], '.4f')} | {_num(r['k3_final'], '.4f')} | {_num(r['k3_mean'], '.4f')} |")
+        goal = report["goal"]
+        if goal is None:
+            lines += ["", f"Goal not measurable at this dose: it needs `{BASELINE_CONFIG}` and "
+                      f"`{run_label(GOAL_CONFIG, dose)}` runs."]
+        else:
+            lines += ["", f"Goal {'met' if goal['met'] else 'not met'}: `{run_label(GOAL_CONFIG, dose)}` / bf16 = "
+                      f"{_num(goal['ratio'], '.3f')} (goal >= {GOAL_RATIO:g}), collapsed {goal['collapsed']}/{goal['n']}, "
+                      f"{_num(goal['over_naive'] * 100, '+.1f')} points over naive NVFP4."]
+        lines.append("")
     return lines
 
 
@@ -125,11 +201,11 @@ def observations(histories: list[list[dict]], first_steps: int = OBS_FIRST_STEPS
             "concentration_mean": sum(concentrations) / len(concentrations) if concentrations else math.nan}
 
 
-def _observations_md(obs: dict, n_seeds: int) -> list[str]:
+def _observations_md(obs: dict, n_seeds: int, label: str = OBSERVED_CONFIG) -> list[str]:
     na, pa = obs["na_first"], obs["pa_first"]
     share = na / (na + pa) if na + pa > 0 else math.nan
     lines = [
-        f"Measured on `{OBSERVED_CONFIG}` (NVFP4 sampler + learner, plain GRPO loss, TRIAGE in diagnose mode), mean "
+        f"Measured on `{label}` (NVFP4 sampler + learner, plain GRPO loss, TRIAGE in diagnose mode), mean "
         f"over {n_seeds} seed(s). Tail tokens: |gap| above the batch's tail threshold; counts are per loss "
         "computation (mean over the step's micro-batches).", "",
         f"- Over the first {obs['first_steps']} step(s): {na:.1f} NA vs {pa:.1f} PA amplifying tail tokens "
@@ -153,8 +229,8 @@ def _num(value: float, fmt: str) -> str:
 
 
 def summarize(lab_dir: str) -> str:
-    """Write ``results.md``, ``overlay.png`` and (with ``nvfp4_naive`` runs) ``observations.png``; returns the
-    path of ``results.md``.
+    """Write ``results.md``, ``overlay.png`` and (with ``nvfp4_naive`` runs) ``observations_<dose>.png``; returns
+    the path of ``results.md``.
 
     Raises:
         FileNotFoundError: ``lab_dir`` holds no finished run (names the command that makes them).
@@ -164,31 +240,34 @@ def summarize(lab_dir: str) -> str:
         raise FileNotFoundError(f"No finished run under {lab_dir}/runs/*/seed*/run_summary.json: run "
                                 "`python benchmarks/stability_lab.py --output-dir LAB_DIR` first.")
     plan = _load_plan(lab_dir)
-    planned = plan.get("configs") or []
+    planned = plan.get("runs") or plan.get("configs") or []
+    doses = plan.get("doses") or [d for d in DOSES if any(split_label(label)[1] == d for label in runs)]
     settings = plan.get("settings") or next(iter(runs.values()))[0]["summary"].get("settings", {})
     lines = ["# Stability lab results", "",
              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()
                                       if k not in ("configs", "trainer_overrides", "estimate")), ""]
     if plan.get("seeds") is not None:
-        lines += [f"Planned: {len(planned)} configurations x seeds {plan['seeds']}.", ""]
-    lines += _table(runs, planned) + ["", "Rules:", ""] + rules_text()
-    lines += ["", "## Configurations", ""]
+        lines += [f"Planned: {len(planned)} runs (configuration@dose) x seeds {plan['seeds']}.", ""]
+    lines += _table(runs, planned) + ["", "Rules:", ""] + rules_text() + [""]
+    lines += _dose_md(runs, doses)
+    lines += ["## Runs and doses", ""]
     for name, rows in runs.items():
-        description = CONFIGS[name].description if name in CONFIGS else rows[0]["summary"].get("description", "")
-        lines.append(f"- `{name}`: {description}")
+        lines.append(f"- `{name}`: {_describe(name, rows)}")
     lines += ["", "## Runs", ""] + _per_run(runs)
     write_overlay({name: [r["history"] for r in rows] for name, rows in runs.items()},
                   os.path.join(lab_dir, "overlay.png"))
     lines += ["", "## Plots", "", "![reward and k3 KL, all configurations](overlay.png)", "",
               "Per run: `runs/<configuration>/seed<S>/plots/*.png` (`triage-report`)."]
-    observed = runs.get(OBSERVED_CONFIG, [])
+    observed = [label for label in runs if split_label(label)[0] == OBSERVED_CONFIG]
     lines += ["", "## The paper's observations", ""]
-    if observed:
-        histories = [r["history"] for r in observed]
-        lines += _observations_md(observations(histories), len(histories))
-        write_observations(histories, os.path.join(lab_dir, "observations.png"), OBSERVED_CONFIG)
-        lines += ["", "![NA vs PA tail counts and tail concentration](observations.png)"]
-    else:
+    for label in observed:
+        histories = [r["history"] for r in runs[label]]
+        dose = split_label(label)[1]
+        png = f"observations_{dose}.png" if dose else "observations.png"
+        lines += [f"### `{label}`", ""] + _observations_md(observations(histories), len(histories), label)
+        write_observations(histories, os.path.join(lab_dir, png), label)
+        lines += ["", f"![NA vs PA tail counts and tail concentration]({png})", ""]
+    if not observed:
         lines.append(f"No finished `{OBSERVED_CONFIG}` run: add it to --configs to measure them.")
     path = os.path.join(lab_dir, RESULTS)
     with open(path, "w", encoding="utf-8") as f:

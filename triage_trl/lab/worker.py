@@ -1,6 +1,6 @@
-"""One stability-lab run: ``python -m triage_trl.lab.worker --config NAME --seed S --run-dir DIR [settings]``.
+"""One stability-lab run: ``python -m triage_trl.lab.worker --config NAME [--dose D] --seed S --run-dir DIR [settings]``.
 
-Trains one configuration (:mod:`triage_trl.lab.configs`) for one seed in this process, with its own vLLM engine,
+Trains one configuration (:mod:`triage_trl.lab.configs`) at one mismatch dose for one seed in this process, with its own vLLM engine,
 and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
 ``trainer.sync_sampler()`` right before each evaluation) at step 0, every ``eval_every`` optimizer steps and at the
 end (:func:`triage_trl.eval.held_out.greedy_accuracy`). It writes into DIR:
@@ -30,7 +30,7 @@ import traceback
 from ..run_logs import LOG_HISTORY
 from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
 from ..runtime import vllm_process_settings
-from .configs import SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, resolve_settings
+from .configs import SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings
 
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
@@ -63,24 +63,25 @@ def load_datasets(settings: dict, seed: int):
     raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
 
 
-def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
-    """Train and evaluate one (configuration, seed); always writes ``run_summary.json``; returns it.
+def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | None = None) -> dict:
+    """Train and evaluate one (configuration, dose, seed); always writes ``run_summary.json``; returns it.
 
     A run that raises is recorded with ``status="failed: <ExceptionType>: <message>"``; ``KeyboardInterrupt`` is
     not caught (the run then has no summary and the lab reruns it on resume).
 
     Raises:
-        KeyError: unknown configuration (before anything is written).
+        KeyError: unknown configuration or dose (before anything is written).
     """
     config = lab_config(config_name)
+    dose_overrides = lab_dose(dose).overrides if dose else {}
     os.makedirs(run_dir, exist_ok=True)
     for name in (LOG_HISTORY, HELD_OUT, "error.txt"):  # a rerun starts clean
         if os.path.exists(os.path.join(run_dir, name)):
             os.remove(os.path.join(run_dir, name))
     start = time.perf_counter()
-    summary = {"config": config.name, "description": config.description, "seed": seed,
+    summary = {"config": config.name, "dose": dose, "description": config.description, "seed": seed,
                "settings": {k: settings.get(k) for k in ("scale", *SETTING_KEYS)},
-               "overrides": {**settings.get("trainer_overrides", {}), **config.overrides},
+               "overrides": {**settings.get("trainer_overrides", {}), **config.overrides, **dose_overrides},
                "held_out": [], "status": "running"}
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
@@ -98,7 +99,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict) -> dict:
             model_path = resolve_model(settings.get("model"), run_dir)
             summary["model"] = model_path
             train, held_out = load_datasets(settings, seed)
-            args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"))
+            args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose)
             trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[verified_answer_reward, format_reward], args=args,
                                         train_dataset=train, callbacks=[LogHistoryWriter(run_dir)])
             timings["startup_seconds"] = time.perf_counter() - start
@@ -131,10 +132,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", required=True, help="a configuration name of triage_trl.lab.configs")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--dose", default=None, help="a dose of triage_trl.lab.configs.DOSES (NVFP4 configurations)")
     add_setting_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    summary = run(args.config, args.seed, args.run_dir, resolve_settings(args))
+    summary = run(args.config, args.seed, args.run_dir, resolve_settings(args), args.dose)
     print(f"{args.config} seed {args.seed}: {summary['status']} ({summary['wall_seconds']:.0f} s)")
     return summary
 
