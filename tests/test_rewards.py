@@ -9,7 +9,9 @@ import pytest
 
 from triage_trl.data import reasoning_gym_dataset
 from triage_trl.data.jsonl import read_jsonl
-from triage_trl.rewards import REWARD_FUNCS, format_reward, reasoning_gym_reward, verified_answer_reward
+from triage_trl.answers import boxed_span
+from triage_trl.rewards import (REWARD_FUNCS, answer_then_stop_reward, format_reward, reasoning_gym_reward,
+                                verified_answer_reward)
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is absent (CI has it)")
@@ -68,10 +70,24 @@ def test_wait_completion_scores_its_last_box():
                                   ["minerva"] * 2) == [1.0, 0.0]
 
 
+def test_answer_then_stop_rewards_only_completions_that_end_with_their_answer():
+    """SmolLM2's real completions before GRPO (ends with the answer) and after 8 steps with only an accuracy reward
+    (trailing text): the format reward cannot tell them apart, this one can."""
+    stops = ["4 + 3 = 7.\nThe final answer is \\boxed{7}.", "$\\boxed{\\frac{1}{2}}$ \n", "\\boxed{-4}"]
+    rambles = ["4 + 3 = 7.\nThe final answer is \\boxed{7}.\n\nThis is a classic example of how a math problem can",
+               "\\boxed{7}. Wait, \\boxed{8} is it", "\\boxed{}", "no answer", "cut \\boxed{7"]
+    assert answer_then_stop_reward(stops + rambles) == [1.0] * 3 + [0.0] * 5
+    assert format_reward(stops + rambles[:2]) == [1.0] * 5
+    text = "so \\boxed{\\frac{1}{2}} and \\boxed{3}."
+    start, end = boxed_span(text)
+    assert text[start:end] == "3" and text[end] == "}" and boxed_span("\\boxed{3") is None
+
+
 def test_registry_names_ours_apart_from_trl():
     import trl.rewards
 
-    assert set(REWARD_FUNCS) == {"verified_answer_reward", "format_reward", "reasoning_gym_reward",
+    assert set(REWARD_FUNCS) == {"verified_answer_reward", "format_reward", "answer_then_stop_reward",
+                                 "reasoning_gym_reward",
                                  "boxed_answer_reward", "digit_share_reward",
                                  "accuracy_reward", "reasoning_accuracy_reward", "think_format_reward"}
     # TRL's names mean TRL's rewards (column `solution`), as in `trl grpo`

@@ -73,6 +73,13 @@ def extract_boxed(text: str) -> str | None:
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_boxed expects a str, got {type(text).__name__}")
+    span = boxed_span(text)
+    return None if span is None else text[span[0]:span[1]].strip()
+
+
+def boxed_span(text: str) -> tuple[int, int] | None:
+    """``(start, end)`` of the content of the last complete ``\\boxed{...}`` in ``text`` (``text[end]`` is its
+    closing brace), or ``None``; the rules of :func:`extract_boxed`."""
     for match in reversed(list(_BOX_RE.finditer(text))):
         depth, start = 1, match.end()
         for i in range(start, len(text)):
@@ -84,7 +91,7 @@ def extract_boxed(text: str) -> str | None:
             elif c == "}" and (i == 0 or text[i - 1] != "\\"):
                 depth -= 1
                 if depth == 0:
-                    return text[start:i].strip()
+                    return start, i
     return None
 
 

@@ -11,6 +11,8 @@ and ``answer_kind``; reasoning-gym rows also give ``rg_entry`` (the item as JSON
 - :func:`reasoning_gym_reward`: reasoning-gym's ``score_answer`` on the last ``\\boxed{}``; only a score of 1.0
   counts (its scorers give partial credit, e.g. 0.5 for "1" against "10", which would reward wrong answers).
 - :func:`format_reward`: 1.0 when the completion has a ``\\boxed{...}`` answer, else 0.0.
+- :func:`answer_then_stop_reward`: 1.0 when the completion ends with its ``\\boxed{...}`` answer (nothing but
+  whitespace, a full stop or a closing ``$`` after it), else 0.0: the demo's format reward.
 
 :data:`REWARD_FUNCS` names these and TRL's own rewards under TRL's names (``accuracy_reward``,
 ``reasoning_accuracy_reward``, ``think_format_reward``, as in ``trl grpo``; they read a ``solution`` column).
@@ -22,7 +24,9 @@ import functools
 import json
 import warnings
 
-from .answers import KINDS, extract_boxed, verify
+import re
+
+from .answers import KINDS, boxed_span, extract_boxed, verify
 
 REASONING_GYM_KIND = "reasoning_gym"
 
@@ -39,6 +43,27 @@ def completion_text(completion) -> str:
 def format_reward(completions, **kwargs) -> list[float]:
     """1.0 for each completion that holds a ``\\boxed{...}`` answer (non-empty), else 0.0."""
     return [1.0 if extract_boxed(completion_text(c)) else 0.0 for c in completions]
+
+
+_ANSWER_END = re.compile(r"[\s.$]*")
+
+
+def answer_then_stop_reward(completions, **kwargs) -> list[float]:
+    """1.0 for each completion that ends with its last ``\\boxed{...}`` answer (only whitespace, ``.`` or ``$`` after
+    the closing brace), else 0.0 (no box, an empty box, or any text after it).
+
+    Why: on SmolLM2-135M, GRPO with only an accuracy reward grows text after the answer ("This is a classic example
+    of ...") until completions hit the length limit, and greedy accuracy falls with it; this reward makes stopping
+    after the answer part of the objective (see ``triage_trl/demo.py``).
+    """
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        span = boxed_span(text)
+        ok = (span is not None and text[span[0]:span[1]].strip() != ""
+              and _ANSWER_END.fullmatch(text, span[1] + 1) is not None)
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,6 +160,7 @@ def _trl_rewards() -> dict:
 REWARD_FUNCS = {
     "verified_answer_reward": verified_answer_reward,
     "format_reward": format_reward,
+    "answer_then_stop_reward": answer_then_stop_reward,
     "reasoning_gym_reward": reasoning_gym_reward,
     "boxed_answer_reward": boxed_answer_reward,
     "digit_share_reward": digit_share_reward,
