@@ -26,9 +26,10 @@ import time
 
 from .runtime import vllm_process_settings
 
-# Measured on the 2-core CPU (quiet machine, session 2): these defaults take 6.7 min in all (12 steps of 23-33 s,
-# 5.5 min of training; 128 held-out items greedy before and after, ~15 s each). The 20-minute budget assumes a quiet
-# machine: with other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
+# Measured on the 2-core CPU (quiet machine, session 2): 12 steps took 6.7 min in all (steps of 23-33 s, 5.5 min of
+# training; 128 held-out items greedy before and after, ~15 s each). On a CPU without bf16 instructions (AVX2 only)
+# steps take 45-90 s. With other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
+# nvfp4_recipe="paper": the NVFP4 layers of published NVFP4 RL (the stability lab's `paper` dose; docs/nvfp4.md).
 DEMO_DEFAULTS = dict(
     max_steps=12,
     prompts_per_step=2,
@@ -38,12 +39,27 @@ DEMO_DEFAULTS = dict(
     learning_rate=1e-5,
     train_size=256,
     eval_size=128,
+    nvfp4_recipe="paper",
 )
+REWARD_WEIGHTS = (1.0, 0.2)
+"""Weights of :func:`demo_rewards`: the verified answer, and ending with the boxed answer (the demo and the lab)."""
+
+
+def demo_rewards() -> list:
+    """The reward functions of the demo and the stability lab: ``verified_answer_reward`` (1.0 for a correct final
+    answer) and ``answer_then_stop_reward`` (1.0 when the completion ends with its boxed answer), weighted by
+    :data:`REWARD_WEIGHTS`. Without the second, GRPO on SmolLM2-135M grows text after the answer until completions
+    reach the length limit (measured: mean completion length 20 -> 31 tokens in 8 steps, and the learner-sampler k3
+    rose to 1.2 nats/token on that text); with it they stayed at 21-23 tokens."""
+    from .rewards import answer_then_stop_reward, verified_answer_reward
+
+    return [verified_answer_reward, answer_then_stop_reward]
 QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
 
 
 def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,
-                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0, **overrides):
+                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0,
+                 nvfp4_recipe: str = "all", **overrides):
     """The demo's ``TriageGRPOConfig``: TRIAGE full, NVFP4 sampler and learner, CPU, colocated vLLM.
 
     ``overrides`` are any ``TriageGRPOConfig`` fields; they win over the demo's values (e.g. the stability lab's
@@ -56,6 +72,7 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         triage_mode="full",
         learner_precision="nvfp4",
         sampler_precision="nvfp4",
+        nvfp4_recipe=nvfp4_recipe,
         nvfp4_calibration_prompts=4,
         # Measured on SmolLM2-135M (56-token probe): NVFP4 learner vs NVFP4 sampler differ by 0.81-0.99 nats/token
         # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
@@ -78,7 +95,7 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         lr_scheduler_type="constant",
         warmup_steps=0,
         max_steps=max_steps,
-        reward_weights=[1.0, 0.1],
+        reward_weights=list(REWARD_WEIGHTS),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -114,7 +131,6 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
     from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .eval.held_out import paired_difference
-    from .rewards import format_reward, verified_answer_reward
     from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
     from .trainer import TriageGRPOTrainer
     from .trainer.model_card import mismatch_summary
@@ -128,9 +144,9 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         output_dir,
         seed=seed,
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
-                                    "temperature", "learning_rate")},
+                                    "temperature", "learning_rate", "nvfp4_recipe")},
     )
-    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[verified_answer_reward, format_reward], args=config,
+    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=config,
                                 train_dataset=train)
     evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])
     train_seconds = train_with_held_out(trainer, evaluator)
@@ -174,6 +190,7 @@ def format_table(summary: dict) -> str:
         ("held-out accuracy after (greedy)", f"{summary['accuracy_after']:.1%} ± {summary['standard_error_after']:.1%} "
          f"({summary['correct_after']}/{summary['held_out']})"),
         ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%}"),
+        ("NVFP4 recipe (learner and sampler)", str(summary.get("settings", {}).get("nvfp4_recipe", "n/a"))),
         ("optimizer steps", str(summary["steps"])),
         ("training time", f"{summary['train_seconds'] / 60:.1f} min"),
         ("total time", f"{summary.get('total_seconds', math.nan) / 60:.1f} min"),

@@ -30,7 +30,7 @@ def rules_text() -> list[str]:
         f"- **collapse**: the run failed (raised), or logged a non-finite {' / '.join(FINITE_KEYS)}, or its final "
         f"held-out accuracy is <= {COLLAPSE_RATIO:g} x its step-0 accuracy (only when step-0 accuracy > 0).",
         "- **reward AUC**: normalised area under the training-reward curve = the mean over the logged optimizer "
-        "steps of the step's mean reward (weighted sum: 1.0 x accuracy + 0.1 x format, so in [0, 1.1]).",
+        "steps of the step's mean reward (weighted sum: 1.0 x accuracy + 0.2 x answer-then-stop, so in [0, 1.2]).",
         "- **held-out accuracy**: greedy, the run's own sampler synced to the learner; *final* at the last step, "
         "*best* over every evaluation including step 0; a failed run keeps its last evaluation.",
         "- **k3 KL**: `triage/k3_kl` = mean over tokens of e^gap - 1 - gap, gap = learner - sampler log-prob "

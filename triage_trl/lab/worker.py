@@ -92,7 +92,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
 
     try:
-        from ..rewards import format_reward, verified_answer_reward
+        from ..demo import demo_rewards
         from ..trainer import TriageGRPOTrainer
 
         with vllm_process_settings():
@@ -100,7 +100,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             summary["model"] = model_path
             train, held_out = load_datasets(settings, seed)
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose)
-            trainer = TriageGRPOTrainer(model=model_path, reward_funcs=[verified_answer_reward, format_reward], args=args,
+            trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
                                         train_dataset=train, callbacks=[LogHistoryWriter(run_dir)])
             timings["startup_seconds"] = time.perf_counter() - start
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
