@@ -31,8 +31,9 @@ test: install
 demo: install
 	$(BIN)/python -m triage_trl.demo --output-dir runs/demo $(DEMO_ARGS)
 
-# Issue 7: every lab configuration x 3 seeds on SmolLM2-135M (about 1.5 hours on 2 CPU cores; resumable).
-# LAB_ARGS e.g. "--seeds 0 --configs bf16 nvfp4_naive triage" or "--scale gpu". Writes runs/stability_lab.
+# Every lab configuration x mismatch dose x 3 seeds on SmolLM2-135M (42 runs, about 2.7 hours on 2 CPU cores with
+# bf16 instructions; resumable). LAB_ARGS e.g. "--seeds 0 --doses paper --configs bf16 nvfp4_naive triage" or
+# "--scale gpu". Writes runs/stability_lab.
 .PHONY: stability-lab
 stability-lab: install
 	$(BIN)/python benchmarks/stability_lab.py --output-dir runs/stability_lab $(LAB_ARGS)
