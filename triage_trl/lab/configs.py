@@ -1,7 +1,7 @@
 """The stability lab's configurations and scale presets (``docs/stability.md``).
 
 A configuration is a name, a one-line description and overrides of ``TriageGRPOConfig`` applied on top of the
-demo's config (:func:`triage_trl.demo.build_config`: CPU, colocated vLLM, DAPO loss, beta 0, constant learning
+demo's config (:func:`triage_trl.demo.build_config`: CPU, colocated vLLM, DAPO loss, beta 0.04, constant learning
 rate). Every configuration logs the ``triage/`` metrics (``triage_mode`` is ``"diagnose"`` or ``"full"``), so the
 learner-sampler mismatch (``triage/k3_kl``, nats/token) is measured the same way in all of them; ``diagnose``
 keeps every TRIAGE weight at 1 (plain GRPO loss, or TRL's correction when it is requested).
