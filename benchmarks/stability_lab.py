@@ -10,11 +10,12 @@ writes ``results.md``, ``overlay.png`` and ``observations.png`` (``python -m tri
 
 Usage:
     python benchmarks/stability_lab.py [--scale cpu|smoke|gpu] [--output-dir DIR] [--configs A B ...]
-        [--seeds 0 1 2] [--doses paper stress] [--ablation-dose paper] [--steps N] [--learning-rate LR] [--prompts-per-step P] [--num-generations G]
-        [--eval-size E] [--eval-every K] [--model PATH] [--dry-run]
+        [--seeds 0 1 2] [--doses paper stress] [--ablation-dose paper] [--steps N] [--learning-rate LR]
+        [--prompts-per-step P] [--num-generations G] [--eval-size E] [--eval-every K] [--model PATH] [--dry-run]
 
-Layout of DIR: ``lab.json`` (the plan), ``runs/<configuration>@<dose>/seed<S>/`` (``runs/bf16/seed<S>/``) (``worker.log``, ``log_history.jsonl``,
-``held_out.jsonl``, ``run_summary.json``, ``trainer_state.json``, ``plots/``), ``results.md`` and the plots.
+Layout of DIR: ``lab.json`` (the plan), ``runs/<configuration>@<dose>/seed<S>/`` (bf16: ``runs/bf16/seed<S>/``;
+each with ``worker.log``, ``log_history.jsonl``, ``held_out.jsonl``, ``run_summary.json``, ``trainer_state.json``,
+``plots/``), ``results.md`` and the plots.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import subprocess
 import sys
 import time
 
-from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, plan_runs, resolve_settings, run_label, run_path,
-                                    settings_to_argv)
+from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, plan_runs, resolve_settings, run_label,
+                                    run_path, settings_to_argv)
 from triage_trl.lab.worker import RUN_SUMMARY
 from triage_trl.runs import TINY_MODEL, resolve_model
 from triage_trl.runtime import child_process_env
@@ -58,7 +59,11 @@ def _check_plan(lab_dir: str, plan: dict) -> None:
     if not os.path.isfile(path):
         return
     with open(path, encoding="utf-8") as f:
-        old = json.load(f).get("settings", {})
+        old_plan = json.load(f)
+    if "doses" not in old_plan:
+        raise SystemExit(f"{lab_dir} holds runs made before the mismatch doses (other rewards, beta 0): use another "
+                         "--output-dir, or delete the folder to start over.")
+    old = old_plan.get("settings", {})
     changed = {k: (old.get(k), plan["settings"].get(k)) for k in PLANNED_KEYS
                if old.get(k) != plan["settings"].get(k)}
     if changed:
@@ -79,8 +84,8 @@ def run_one(config: str, dose: str | None, seed: int, run_dir: str, settings: di
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_process_env(), check=False).returncode
     path = os.path.join(run_dir, RUN_SUMMARY)
     if not os.path.isfile(path):
-        summary = {"config": config, "dose": dose, "seed": seed, "status": f"failed: worker exited with code {rc} and no summary "
-                   "(see worker.log)", "held_out": [], "wall_seconds": time.perf_counter() - start}
+        summary = {"config": config, "dose": dose, "seed": seed, "held_out": [],
+                   "wall_seconds": time.perf_counter() - start, "status": f"failed: worker exited with code {rc} and no summary (see worker.log)"}
         with open(path, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
     with open(path, encoding="utf-8") as f:

@@ -113,6 +113,7 @@ def test_gpu_preset_documents_the_qwen3_4b_recipe():
     assert (gpu["model"], gpu["task"], gpu["num_generations"], gpu["max_completion_length"], gpu["learning_rate"]) \
         == ("Qwen/Qwen3-4B", "gsm8k", 8, 1024, 1e-6)
     overrides = gpu["trainer_overrides"]
+    assert overrides["beta"] == 0.0  # the recipes' (the demo's default is 0.04)
     assert overrides["per_device_train_batch_size"] * overrides["gradient_accumulation_steps"] \
         == gpu["prompts_per_step"] * gpu["num_generations"]
 
@@ -193,7 +194,8 @@ def test_run_metrics():
     summary = {"status": "ok", "held_out": _held_out(0.25, 0.5, 0.375), "wall_seconds": 90.0}
     m = run_metrics(summary, history)
     assert m == {"step0_acc": 0.25, "final_acc": 0.375, "best_acc": 0.5, "reward_auc": pytest.approx(0.5, abs=1e-12),
-                 "k3_first": 0.1, "k3_mean": pytest.approx(0.1625), "k3_max": 0.3, "k3_final": 0.05, "spikes": 1, "collapsed": False, "failed": False,
+                 "k3_first": 0.1, "k3_mean": pytest.approx(0.1625), "k3_max": 0.3, "k3_final": 0.05, "spikes": 1,
+                 "collapsed": False, "failed": False,
                  "non_finite": False, "wall_min": 1.5, "steps": 4}
 
 

@@ -44,6 +44,7 @@ DEMO_DEFAULTS = dict(
     nvfp4_recipe="paper",
     beta=0.04,
 )
+QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
 REWARD_WEIGHTS = (1.0, 0.2)
 """Weights of :func:`demo_rewards`: the verified answer, and ending with the boxed answer (the demo and the lab)."""
 
@@ -57,7 +58,6 @@ def demo_rewards() -> list:
     from .rewards import answer_then_stop_reward, verified_answer_reward
 
     return [verified_answer_reward, answer_then_stop_reward]
-QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
 
 
 def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,

@@ -127,7 +127,7 @@ SCALES: dict[str, dict] = {
         max_completion_length=1024, temperature=1.0, learning_rate=1e-6, train_size=None, eval_size=500,
         eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper",
         trainer_overrides={
-            "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"},
+            "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"}, "beta": 0.0,
             "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
             "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 10, "gradient_checkpointing": True,
             "vllm_max_model_length": 2048, "vllm_gpu_memory_utilization": 0.35, "nvfp4_calibration_prompts": 64,
@@ -148,9 +148,7 @@ def lab_config(name: str) -> LabConfig:
     Raises:
         KeyError: unknown name (the message lists the known ones).
     """
-    if name not in CONFIGS:
-        raise KeyError(f"Unknown lab configuration {name!r}: use one of {', '.join(CONFIGS)}.")
-    return CONFIGS[name]
+    return _lookup(CONFIGS, name, "lab configuration")
 
 
 def lab_dose(name: str) -> Dose:
@@ -159,9 +157,13 @@ def lab_dose(name: str) -> Dose:
     Raises:
         KeyError: unknown name (the message lists the known ones).
     """
-    if name not in DOSES:
-        raise KeyError(f"Unknown dose {name!r}: use one of {', '.join(DOSES)}.")
-    return DOSES[name]
+    return _lookup(DOSES, name, "dose")
+
+
+def _lookup(registry: dict, name: str, kind: str):
+    if name not in registry:
+        raise KeyError(f"Unknown {kind} {name!r}: use one of {', '.join(registry)}.")
+    return registry[name]
 
 
 def run_label(config: str, dose: str | None) -> str:
@@ -234,8 +236,8 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
 
     config = lab_config(name)
     if config.uses_nvfp4 != (dose is not None):
-        raise ValueError(f"Configuration {name!r} {'needs a dose' if config.uses_nvfp4 else 'runs no NVFP4 and takes no dose'}"
-                         f" (got dose={dose!r}).")
+        need = "needs a dose" if config.uses_nvfp4 else "runs no NVFP4 and takes no dose"
+        raise ValueError(f"Configuration {name!r} {need} (got dose={dose!r}).")
     overrides = {**(trainer_overrides or {}), **config.overrides, **(lab_dose(dose).overrides if dose else {})}
     return build_config(
         output_dir, seed=seed,

@@ -97,8 +97,8 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
 
     Returns:
         ``final_acc``, ``best_acc``, ``step0_acc`` (NaN when there is no evaluation), ``reward_auc``, ``k3_first``,
-        ``k3_mean``, ``k3_max``, ``k3_final`` (nats/token over the optimizer steps; NaN when not logged), ``spikes``, ``collapsed``, ``failed``, ``non_finite``, ``wall_min``,
-        ``steps``.
+        ``k3_mean``, ``k3_max``, ``k3_final`` (nats/token over the optimizer steps; NaN when not logged), ``spikes``,
+        ``collapsed``, ``failed``, ``non_finite``, ``wall_min``, ``steps``.
     """
     held_out = summary.get("held_out") or []
     accuracies = [r["accuracy"] for r in held_out]

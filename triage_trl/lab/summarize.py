@@ -158,8 +158,9 @@ def _dose_md(runs: dict[str, list[dict]], doses: list[str]) -> list[str]:
         lines += [f"### Dose `{dose}`", "", "| run | seeds | held-out step 0 (%) | final (%) | best (%) | final / bf16 | "
                   "collapsed | k3 first step | k3 last step | k3 mean |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in report["rows"]:
-            lines.append(f"| {r['label']} | {r['n']} | {_num(r['step0'] * 100, '.1f')} | {_num(r['final'] * 100, '.1f')} | "
-                         f"{_num(r['best'] * 100, '.1f')} | {_num(r['ratio'], '.3f')} | {r['collapsed']}/{r['n']} | "
+            lines.append(f"| {r['label']} | {r['n']} | {_num(r['step0'] * 100, '.1f')} | "
+                         f"{_num(r['final'] * 100, '.1f')} | {_num(r['best'] * 100, '.1f')} | "
+                         f"{_num(r['ratio'], '.3f')} | {r['collapsed']}/{r['n']} | "
                          f"{_num(r['k3_first'], '.4f')} | {_num(r['k3_final'], '.4f')} | {_num(r['k3_mean'], '.4f')} |")
         goal = report["goal"]
         if goal is None:
@@ -167,7 +168,8 @@ def _dose_md(runs: dict[str, list[dict]], doses: list[str]) -> list[str]:
                       f"`{run_label(GOAL_CONFIG, dose)}` runs."]
         else:
             lines += ["", f"Goal {'met' if goal['met'] else 'not met'}: `{run_label(GOAL_CONFIG, dose)}` / bf16 = "
-                      f"{_num(goal['ratio'], '.3f')} (goal >= {GOAL_RATIO:g}), collapsed {goal['collapsed']}/{goal['n']}, "
+                      f"{_num(goal['ratio'], '.3f')} (goal >= {GOAL_RATIO:g}), "
+                      f"collapsed {goal['collapsed']}/{goal['n']}, "
                       f"{_num(goal['over_naive'] * 100, '+.1f')} points over naive NVFP4."]
         lines.append("")
     return lines

@@ -1,7 +1,7 @@
 """One stability-lab run: ``python -m triage_trl.lab.worker --config NAME [--dose D] --seed S --run-dir DIR [settings]``.
 
-Trains one configuration (:mod:`triage_trl.lab.configs`) at one mismatch dose for one seed in this process, with its own vLLM engine,
-and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
+Trains one configuration (:mod:`triage_trl.lab.configs`) at one mismatch dose for one seed in this process, with
+its own vLLM engine, and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
 ``trainer.sync_sampler()`` right before each evaluation) at step 0, every ``eval_every`` optimizer steps and at the
 end (:func:`triage_trl.eval.held_out.greedy_accuracy`). It writes into DIR:
 
