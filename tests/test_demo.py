@@ -21,13 +21,14 @@ def test_unknown_setting_is_refused():
 def test_table_lists_before_after_steps_time():
     summary = {"accuracy_before": 0.25, "accuracy_after": 0.5, "correct_before": 2, "correct_after": 4,
                "standard_error_before": 0.153, "standard_error_after": 0.177, "accuracy_gain": 0.25,
-               "accuracy_gain_se": 0.164,
+               "accuracy_gain_se": 0.164, "items_won": 3, "items_lost": 1, "held_out_in_train": 5,
                "held_out": 8, "steps": 2, "train_seconds": 60.0, "total_seconds": 120.0, "reward_first": 0.1,
                "reward_last": 0.2, "frac_reward_zero_std": 0.5, "sync_probe_gap_max": 0.9,
                "mismatch_first": {"step": 0, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0},
                "mismatch_last": {"step": 1, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0}}
     table = format_table(summary)
-    for text in ("25.0% ± 15.3% (2/8)", "50.0% ± 17.7% (4/8)", "+25.0% ± 16.4%", "1.0 min", "2.0 min",
+    for text in ("25.0% ± 15.3% (2/8)", "50.0% ± 17.7% (4/8)", "+25.0% ± 16.4% (items won 3, lost 1)",
+                 "held-out questions also among the training items  5/8", "1.0 min", "2.0 min",
                  "triage/k3_kl step 0 -> 1"):
         assert text in table
     assert set(QUICK) <= set(DEMO_DEFAULTS)
@@ -41,6 +42,9 @@ def test_quick_demo_run(smollm2_dir, tmp_path, capfd):
     assert summary["held_out"] == QUICK["eval_size"]
     for key in ("accuracy_before", "accuracy_after"):
         assert 0.0 <= summary[key] <= 1.0
+    won, lost = summary["items_won"], summary["items_lost"]
+    assert summary["accuracy_gain"] == pytest.approx((won - lost) / summary["held_out"])
+    assert 0 <= summary["held_out_in_train"] <= summary["held_out"]
     assert 0 <= summary["sync_probe_gap_max"] < 2.0 and math.isfinite(summary["mismatch_last"]["k3_kl"])
     for name in ("model.safetensors", "README.md", "trainer_state.json", "demo_summary.json"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name

@@ -133,7 +133,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
     from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
-    from .eval.held_out import paired_difference
+    from .eval.held_out import items_won_lost, paired_difference, shared_prompts
     from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
     from .trainer import TriageGRPOTrainer
     from .trainer.model_card import mismatch_summary
@@ -155,6 +155,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
     train_seconds = train_with_held_out(trainer, evaluator)
     before, after = evaluator.results[0][1], evaluator.results[-1][1]
     gain, gain_se = paired_difference(before, after)
+    won, lost = items_won_lost(before, after)
     finished = finish_run(trainer, dataset_name="reasoning-gym", plots=plots)
     first_last = mismatch_summary(trainer.state.log_history)
     logs = [h for h in trainer.state.log_history if "reward" in h]
@@ -163,7 +164,8 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         "task": "reasoning_gym", "settings": settings,
         "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
         "standard_error_before": before.standard_error, "standard_error_after": after.standard_error,
-        "accuracy_gain": gain, "accuracy_gain_se": gain_se,
+        "accuracy_gain": gain, "accuracy_gain_se": gain_se, "items_won": won, "items_lost": lost,
+        "held_out_in_train": shared_prompts(held_out, train),
         "correct_before": before.correct, "correct_after": after.correct, "held_out": before.total,
         "steps": trainer.state.global_step, "train_seconds": train_seconds,
         "frac_reward_zero_std": _mean(h.get("frac_reward_zero_std") for h in logs),
@@ -192,7 +194,10 @@ def format_table(summary: dict) -> str:
          f"({summary['correct_before']}/{summary['held_out']})"),
         ("held-out accuracy after (greedy)", f"{summary['accuracy_after']:.1%} ± {summary['standard_error_after']:.1%} "
          f"({summary['correct_after']}/{summary['held_out']})"),
-        ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%}"),
+        ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%}"
+         + (f" (items won {summary['items_won']}, lost {summary['items_lost']})" if "items_won" in summary else "")),
+        *([("held-out questions also among the training items", f"{summary['held_out_in_train']}/{summary['held_out']}")]
+          if "held_out_in_train" in summary else []),
         ("NVFP4 recipe (learner and sampler)", str(summary.get("settings", {}).get("nvfp4_recipe", "n/a"))),
         ("optimizer steps", str(summary["steps"])),
         ("training time", f"{summary['train_seconds'] / 60:.1f} min"),

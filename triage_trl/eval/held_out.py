@@ -2,8 +2,8 @@
 
 Used by the demo and the stability lab before, during and after training. The sampler is the engine TRIAGE trains
 and serves (NVFP4 or bf16, synced to the learner by ``trainer.sync_sampler()``), so the accuracy is that of the
-policy as deployed. The standard errors follow from the binomial model; :func:`paired_difference` compares two
-evaluations of the same items.
+policy as deployed. The standard errors follow from the binomial model; :func:`paired_difference` and
+:func:`items_won_lost` compare two evaluations of the same items.
 """
 
 from __future__ import annotations
@@ -49,6 +49,30 @@ def paired_difference(before: HeldOutResult, after: HeldOutResult) -> tuple[floa
     mean = sum(diffs) / n
     var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.nan
     return mean, math.sqrt(var / n)
+
+
+def items_won_lost(before: HeldOutResult, after: HeldOutResult) -> tuple[int, int]:
+    """``(won, lost)``: items wrong before and right after, and right before and wrong after (the discordant pairs
+    behind :func:`paired_difference`).
+
+    Raises:
+        ValueError: the two results cover different numbers of items.
+    """
+    if before.total != after.total:
+        raise ValueError(f"paired comparison needs the same items: {before.total} vs {after.total}.")
+    won = sum(1 for a, b in zip(before.outcomes, after.outcomes, strict=True) if b and not a)
+    lost = sum(1 for a, b in zip(before.outcomes, after.outcomes, strict=True) if a and not b)
+    return won, lost
+
+
+def shared_prompts(held_out, train) -> int:
+    """Number of ``held_out`` rows whose ``prompt`` also occurs in ``train`` (datasets with a ``prompt`` column).
+
+    A procedurally generated task with few distinct problems (the demo's ``chain_sum``, 2 terms of 1 digit: 200)
+    repeats questions across seeds, so a slice drawn with another seed is not disjoint from the training items.
+    """
+    seen = {repr(p) for p in train["prompt"]}
+    return sum(1 for p in held_out["prompt"] if repr(p) in seen)
 
 
 def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
