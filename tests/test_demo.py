@@ -23,7 +23,7 @@ def test_table_lists_before_after_steps_time():
                "standard_error_before": 0.153, "standard_error_after": 0.177, "accuracy_gain": 0.25,
                "accuracy_gain_se": 0.164, "items_won": 3, "items_lost": 1, "held_out_in_train": 5,
                "held_out": 8, "steps": 2, "train_seconds": 60.0, "total_seconds": 120.0, "reward_first": 0.1,
-               "reward_last": 0.2, "frac_reward_zero_std": 0.5, "sync_probe_gap_max": 0.9,
+               "reward_last": 0.2, "zero_signal_frac": 0.5, "sync_probe_gap_max": 0.9,
                "mismatch_first": {"step": 0, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0},
                "mismatch_last": {"step": 1, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0}}
     table = format_table(summary)

@@ -356,6 +356,8 @@ def test_zero_signal_groups_get_weight_one_through_the_training_loop(tmp_path, t
     assert record["gap_abs_mean"] > 0.9  # the mismatch is there and measured
     assert record["repaired_frac"] == 0.0 and record["weight_min"] == record["weight_max"] == 1.0
     assert record["frac_NA"] == record["frac_PA"] == record["frac_NC"] == record["frac_PC"] == 0.0
+    logged = [h for h in trainer.state.log_history if "triage/zero_signal_frac" in h][0]
+    assert logged["triage/zero_signal_frac"] == 1.0
 
 
 def test_missing_sampler_logprobs_error_names_the_fix(tmp_path, tiny_qwen3_dir, fake_sampler):
@@ -391,6 +393,7 @@ def test_training_steps_with_stand_in_sampler(tmp_path, tiny_qwen3_dir, fake_sam
         for name in METRIC_NAMES:
             assert math.isfinite(entry[f"triage/{name}"]), name
         assert entry["triage/sync_probe_gap"] < 1e-4  # the stand-in copies the weights exactly
+        assert 0.0 <= entry["triage/zero_signal_frac"] <= 1.0
         assert not any(k.startswith("sampling/importance_sampling_ratio") for k in entry)
         assert "sampling/sampling_logp_difference/mean" in entry  # TRL's own mismatch metric still logged
     assert trainer.vllm_generation.syncs == 2

@@ -168,7 +168,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         "held_out_in_train": shared_prompts(held_out, train),
         "correct_before": before.correct, "correct_after": after.correct, "held_out": before.total,
         "steps": trainer.state.global_step, "train_seconds": train_seconds,
-        "frac_reward_zero_std": _mean(h.get("frac_reward_zero_std") for h in logs),
+        "zero_signal_frac": _mean(h.get("triage/zero_signal_frac") for h in logs),
         "reward_first": logs[0]["reward"] if logs else math.nan, "reward_last": logs[-1]["reward"] if logs else math.nan,
         "sync_probe_gap_max": max(trainer.sync_probe_gaps, default=math.nan),
         "mismatch_first": first_last[0] if first_last else None, "mismatch_last": first_last[1] if first_last else None,
@@ -203,7 +203,7 @@ def format_table(summary: dict) -> str:
         ("training time", f"{summary['train_seconds'] / 60:.1f} min"),
         ("total time", f"{summary.get('total_seconds', math.nan) / 60:.1f} min"),
         ("mean train reward first -> last step", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}"),
-        ("groups with zero reward spread (mean)", f"{summary['frac_reward_zero_std']:.1%}"),
+        ("groups with zero reward spread (mean)", f"{summary['zero_signal_frac']:.1%}"),
         ("sync probe gap, max (nats)", f"{summary['sync_probe_gap_max']:.3f}"),
     ]
     first, last = summary.get("mismatch_first"), summary.get("mismatch_last")

@@ -225,6 +225,9 @@ class TriageGRPOTrainer(GRPOTrainer):
             # does for the advantages.
             local = self._zero_signal.view(self.accelerator.num_processes, -1)[self.accelerator.process_index]
             output[ZERO_SIGNAL_KEY] = local.to(output["advantages"].device)
+            # Exact reward equality, unlike TRL's frac_reward_zero_std (isclose(std, 0) misses float32 residues).
+            mode = "train" if self.model.training else "eval"
+            self.triage_metrics.record(mode, {"triage/zero_signal_frac": self._zero_signal.float().mean().item()})
         return output
 
     # ------------------------------------------------------------------ loss
