@@ -127,8 +127,9 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
     ``triage_samplers(precision)`` returns a namespace with ``gen`` (the sampler), ``model`` (its bf16 learner, a
     tiny random Qwen3 whose ``lm_head`` is scaled, x8 for bf16 and x2 for nvfp4, so log-probs are far from
     uniform while the NVFP4 error the big logits amplify stays moderate), ``tokenizer`` and
-    ``temperature`` (1.0 for bf16, 0.7 for nvfp4, so both probe-scoring paths run). One engine per precision per
-    session; tests that change the learner's weights must restore them and sync again.
+    ``temperature`` (1.0 for bf16, 0.7 for nvfp4, so both probe-scoring paths run). ``tied=True``: the same model
+    with its ``lm_head`` tied to the embedding (scaled alike). One engine per setting per session; tests that
+    change the learner's weights must restore them and sync again.
     """
     from types import SimpleNamespace
 
@@ -136,16 +137,16 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
 
     cache = {}
 
-    def get(precision):
-        if precision not in cache:
+    def get(precision, tied=False):
+        if (precision, tied) not in cache:
             from accelerate import Accelerator
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             from triage_trl.sampler.engine import TriageVLLMGeneration
             from triage_trl.testing import save_tiny_qwen3
 
-            root = tmp_path_factory.mktemp(f"sampler-{precision}")
-            src = save_tiny_qwen3(root / "src")
+            root = tmp_path_factory.mktemp(f"sampler-{precision}{'-tied' if tied else ''}")
+            src = save_tiny_qwen3(root / "src", tie_word_embeddings=tied)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
             tokenizer = AutoTokenizer.from_pretrained(src)
             with torch.no_grad():
@@ -158,8 +159,9 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
                 checkpoint_dir=str(root / "ckpt"),
                 max_model_length=256, max_num_seqs=8, max_completion_length=8, temperature=temperature,
             )
-            cache[precision] = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer, temperature=temperature)
-        return cache[precision]
+            cache[precision, tied] = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer,
+                                                     temperature=temperature)
+        return cache[precision, tied]
 
     try:
         yield get

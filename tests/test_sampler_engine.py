@@ -127,6 +127,37 @@ def test_sync_matches_learner_and_skipped_sync_is_caught(triage_samplers, precis
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_tied_lm_head_serves_the_synced_embedding(triage_samplers, precision):
+    """A tied ``lm_head`` receives no tensor of its own in a reload; on CPUs where vLLM packs its weight for oneDNN
+    (AVX512-BF16, AMX) it served the dummy start weights until ``cpu_reload.refresh_cpu_lm_heads`` (measured on an
+    AVX512-BF16 EPYC without it: SmolLM2 probe gap 8.4 nats). The start and every sync load through a reload."""
+    from triage_trl.sampler.cpu_reload import refresh_cpu_lm_heads
+
+    s = triage_samplers(precision, tied=True)
+    assert s.model.lm_head.weight is s.model.model.embed_tokens.weight
+    ids = s.tokenizer(PROBE)["input_ids"]
+    assert probe_gap(s, ids) <= GAP_BOUND[precision]
+    embedding = s.model.model.embed_tokens.weight
+    g = torch.Generator().manual_seed(3)
+    delta = (torch.randn(embedding.shape, generator=g) * embedding.float().std() * 0.5).to(embedding.dtype)
+    with torch.no_grad():
+        embedding.add_(delta)
+    try:
+        stale_gap = probe_gap(s, ids)
+        s.gen.sync_weights()
+        synced_gap = probe_gap(s, ids)
+        print(f"{precision} tied: stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
+        assert synced_gap <= GAP_BOUND[precision]
+        assert stale_gap >= 2 * synced_gap and stale_gap >= synced_gap + 0.2
+    finally:
+        with torch.no_grad():
+            embedding.sub_(delta)
+        s.gen.sync_weights()
+    assert s.gen.llm.apply_model(refresh_cpu_lm_heads) == [1]
+
+
+@pytest.mark.slow
 def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
     """Static activation scales (calibrated once, at start): re-syncing the same weights reproduces the sampler
     bit for bit, so held-out evaluations before and after a sync compare the policy, not a recalibration."""

@@ -54,7 +54,7 @@ def test_sync_wakes_the_weights_and_reloads_through_the_worker_rpc():
     sampler, llm = sleeping_sampler()
     sampler.sync_weights()
     assert llm.calls == [("wake_up", ("weights",)), ("collective_rpc", "reload_weights", True),
-                         ("apply_model", "repack_cpu_moe_after_reload"), ("reset_prefix_cache",)]
+                         ("apply_model", "after_cpu_reload"), ("reset_prefix_cache",)]
     assert sampler.num_syncs == 1 and not sampler._llm_weights_sleeping
 
 

@@ -62,16 +62,16 @@ def _save_tiny(path: str | Path, architecture: str, seed: int, **config) -> Path
 
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
-    config = getattr(transformers, f"{architecture}Config")(
-        vocab_size=((len(tokenizer) + 63) // 64) * 64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
+    config = getattr(transformers, f"{architecture}Config")(**{
+        "vocab_size": ((len(tokenizer) + 63) // 64) * 64,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": None,
         **config,
-    )
+    })
     torch.manual_seed(seed)
     model = getattr(transformers, f"{architecture}ForCausalLM")(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -104,15 +104,18 @@ def save_tiny_qwen3(
     num_key_value_heads: int = 1,
     head_dim: int = 64,
     seed: int = 0,
+    tie_word_embeddings: bool = False,
 ) -> Path:
-    """Save a random tiny ``Qwen3ForCausalLM`` (bf16 weights) and its tokenizer under ``path``.
+    """Save a random tiny ``Qwen3ForCausalLM`` (bf16 weights) and its tokenizer under ``path``; with
+    ``tie_word_embeddings`` the ``lm_head`` is the embedding (as in SmolLM2 and the small Qwen3 models).
 
     Returns:
         The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM``.
     """
     return _save_tiny(path, "Qwen3", seed, hidden_size=hidden_size, intermediate_size=intermediate_size,
                       num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-                      num_key_value_heads=num_key_value_heads, head_dim=head_dim)
+                      num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+                      tie_word_embeddings=tie_word_embeddings)
 
 
 def save_tiny_qwen3_moe(

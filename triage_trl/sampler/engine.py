@@ -251,9 +251,9 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
         )
-        from ..nvfp4.experts import repack_cpu_moe_after_reload
+        from .cpu_reload import after_cpu_reload
 
-        self.llm.apply_model(repack_cpu_moe_after_reload)  # vLLM 0.31 CPU: MoE experts lose their layout on reload
+        self.llm.apply_model(after_cpu_reload)  # vLLM 0.31 CPU: a tied lm_head and MoE experts go stale on reload
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()

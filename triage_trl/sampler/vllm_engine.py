@@ -18,11 +18,11 @@ import torch
 from ..runtime import environment_overrides, preserved_torch_threads
 
 SAMPLER_DTYPE = torch.bfloat16
-"""The dtype the engine computes in and holds its unquantised tensors in, on every platform. Not float32 on CPUs
-without native bf16 GEMMs (AVX2 only), although torch's emulated bf16 products are 10-500x slower there: vLLM 0.31's
-CPU linears prepack float32 weights for oneDNN and drop the originals, and after ``reload_weights`` such an engine
-computed with garbage (8 nats of log-prob gap on SmolLM2-135M, measured on an AVX2 AMD EPYC). The NVFP4 layers' own
-GEMMs (``cpu_kernel``) form their bf16 products in float32 there instead."""
+"""The dtype the engine computes in and holds its unquantised tensors in, on every platform, as vLLM serves models
+on GPUs. On CPUs without native bf16 GEMMs (AVX2 only) torch's emulated bf16 products are 10-500x slower; the NVFP4
+layers' own GEMMs (``cpu_kernel``) form their bf16 products in float32 there. (A float32 engine once computed
+garbage after ``reload_weights``, 8 nats of log-prob gap on SmolLM2-135M: that was the stale tied ``lm_head`` that
+``cpu_reload.refresh_cpu_lm_heads`` now repacks after every reload, not float32.)"""
 NVFP4CpuKernel = Literal["fast", "emulation"]
 _QUANT_SCALE_SUFFIXES = (".weight_scale", ".weight_global_scale", ".input_global_scale", ".weight_packed")
 _REGISTERED_CPU_KERNELS: set[str] = set()
