@@ -27,14 +27,13 @@ import subprocess
 import sys
 import time
 
-from triage_trl.lab.configs import (PLAN_FILE, add_setting_arguments, plan_runs, resolve_settings, run_label,
-                                    run_path, settings_to_argv)
+from triage_trl.lab.configs import (PLAN_FILE, SETTING_KEYS, add_setting_arguments, plan_runs, resolve_settings,
+                                    run_label, run_path, settings_to_argv)
 from triage_trl.lab.worker import RUN_SUMMARY
 from triage_trl.runs import TINY_MODEL, resolve_model
 from triage_trl.runtime import child_process_env
 
-PLANNED_KEYS = ("scale", "model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
-                "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
+PLANNED_KEYS = ("scale", *SETTING_KEYS)
 
 
 def evaluations_per_run(settings: dict) -> int:

@@ -18,6 +18,16 @@ def test_unknown_setting_is_refused():
         run_demo("unused", nope=1)
 
 
+def test_lora_config_of_the_demo():
+    from triage_trl.demo import lora_config
+
+    assert lora_config(0) is None
+    config = lora_config(16)
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (16, 32, 0.0, "all-linear")
+    with pytest.raises(ValueError, match="full fine-tuning"):
+        lora_config(-1)
+
+
 def test_table_lists_before_after_steps_time():
     summary = {"accuracy_before": 0.25, "accuracy_after": 0.5, "correct_before": 2, "correct_after": 4,
                "standard_error_before": 0.153, "standard_error_after": 0.177, "accuracy_gain": 0.25,
@@ -27,6 +37,9 @@ def test_table_lists_before_after_steps_time():
                "mismatch_first": {"step": 0, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0},
                "mismatch_last": {"step": 1, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0}}
     table = format_table(summary)
+    assert "LoRA rank 16 on every decoder linear, learning rate 0.0001" in format_table(
+        {**summary, "settings": {"lora_rank": 16, "learning_rate": 1e-4}})
+    assert "all (full fine-tuning)" in format_table({**summary, "settings": {"lora_rank": 0}})
     for text in ("25.0% ± 15.3% (2/8)", "50.0% ± 17.7% (4/8)", "+25.0% ± 16.4% (items won 3, lost 1)",
                  "held-out questions also among the training items  5/8", "1.0 min", "2.0 min",
                  "triage/k3_kl step 0 -> 1"):
@@ -46,7 +59,9 @@ def test_quick_demo_run(smollm2_dir, tmp_path, capfd):
     assert summary["accuracy_gain"] == pytest.approx((won - lost) / summary["held_out"])
     assert 0 <= summary["held_out_in_train"] <= summary["held_out"]
     assert 0 <= summary["sync_probe_gap_max"] < 2.0 and math.isfinite(summary["mismatch_last"]["k3_kl"])
-    for name in ("model.safetensors", "README.md", "trainer_state.json", "demo_summary.json"):
+    weights = ("adapter_model.safetensors", "adapter_config.json") if summary["settings"]["lora_rank"] \
+        else ("model.safetensors",)
+    for name in (*weights, "README.md", "trainer_state.json", "demo_summary.json"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     with open(os.path.join(out, "README.md")) as f:
         assert "## TRIAGE" in f.read()

@@ -118,13 +118,24 @@ def test_gpu_preset_documents_the_qwen3_4b_recipe():
         == gpu["prompts_per_step"] * gpu["num_generations"]
 
 
+def test_cpu_preset_runs_the_demo_budget():
+    from triage_trl.demo import DEMO_DEFAULTS
+
+    cpu = SCALES["cpu"]
+    shared = ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "temperature",
+              "learning_rate", "lora_rank", "train_size", "eval_size")
+    assert {k: cpu[k] for k in shared} == {k: DEMO_DEFAULTS[k] for k in shared}
+    assert cpu["eval_every"] == cpu["max_steps"] and cpu["eval_size"] >= 128
+    assert SCALES["smoke"]["lora_rank"] == SCALES["gpu"]["lora_rank"] == 0
+
+
 def test_command_line_overrides_win_and_round_trip():
     parser = argparse.ArgumentParser()
     add_setting_arguments(parser)
     settings = resolve_settings(parser.parse_args(["--steps", "3", "--learning-rate", "1e-4", "--eval-every", "2",
-                                                   "--model", "/some/model"]))
-    assert (settings["max_steps"], settings["learning_rate"], settings["eval_every"], settings["model"]) \
-        == (3, 1e-4, 2, "/some/model")
+                                                   "--model", "/some/model", "--lora-rank", "0"]))
+    assert (settings["max_steps"], settings["learning_rate"], settings["eval_every"], settings["model"],
+            settings["lora_rank"]) == (3, 1e-4, 2, "/some/model", 0)
     assert settings["num_generations"] == SCALES["cpu"]["num_generations"]
     again = resolve_settings(parser.parse_args(settings_to_argv(settings)))
     assert {k: again[k] for k in settings} == settings

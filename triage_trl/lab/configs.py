@@ -98,24 +98,27 @@ CONFIGS: dict[str, LabConfig] = {c.name: c for c in _REGISTRY}
 
 # Per-run settings (the worker's knobs); `seeds` and `configs` are the lab's.
 SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
-                "max_completion_length", "temperature", "learning_rate", "train_size", "eval_size", "eval_every")
+                "max_completion_length", "temperature", "learning_rate", "lora_rank", "train_size", "eval_size",
+                "eval_every")
 
 SCALES: dict[str, dict] = {
-    # SmolLM2-135M-Instruct on the embedded reasoning-gym task: 4 prompts x 4 completions per step (the demo's 2 x 8
-    # left half the groups without reward spread), 5 steps at a learning rate 2x the demo's, held-out accuracy on 128
-    # items (32 resolve nothing: one item is 3 points) at steps 0 and 5. Measured per run on a quiet machine with
-    # bf16 instructions: start-up 30 s, step ~27 s, evaluation ~10 s per 32 items. No budget within this CPU's reach
-    # was found where bf16 GRPO gains held-out accuracy (docs/stability.md), so the steps stay few.
+    # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`, tested equal: 12 steps of
+    # 2 prompts x 8 completions, LoRA rank 16 at lr 1e-4, 32 tokens, T 0.7), held-out accuracy on 128 items (32
+    # resolve nothing: one item is 3 points) at steps 0 and 12. The first budget found in which GRPO gains held-out
+    # accuracy on this model (docs/stability.md). Measured per run on a 2-core CPU with AVX512-BF16: start-up 40 s,
+    # step ~32 s, evaluation ~30 s (AVX2-only CPUs: about 2x).
     "cpu": dict(
-        model=None, task="reasoning_gym", data_path=None, max_steps=5, prompts_per_step=4, num_generations=4,
-        max_completion_length=32, temperature=0.7, learning_rate=2e-5, train_size=256, eval_size=128, eval_every=5,
+        model=None, task="reasoning_gym", data_path=None, max_steps=12, prompts_per_step=2, num_generations=8,
+        max_completion_length=32, temperature=0.7, learning_rate=1e-4, lora_rank=16, train_size=256, eval_size=128,
+        eval_every=12,
         seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper", trainer_overrides={},
-        estimate=dict(startup_s=30.0, step_s=27.0, eval_s=40.0),
+        estimate=dict(startup_s=40.0, step_s=32.0, eval_s=30.0),
     ),
     # CI/tests: a tiny random Qwen3 (`tiny-qwen3`, built once in the lab folder), 1 step.
     "smoke": dict(
         model="tiny-qwen3", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
-        max_completion_length=8, temperature=0.7, learning_rate=1e-4, train_size=8, eval_size=4, eval_every=1,
+        max_completion_length=8, temperature=0.7, learning_rate=1e-4, lora_rank=0, train_size=8, eval_size=4,
+        eval_every=1,
         seeds=[0], configs=list(CONFIGS), doses=["stress"], ablation_dose="stress", trainer_overrides={},
         estimate=dict(startup_s=25.0, step_s=3.0, eval_s=1.0),
     ),
@@ -124,7 +127,8 @@ SCALES: dict[str, dict] = {
     # temperature 1, learning rate 1e-6 after 10 warm-up steps, 500 steps).
     "gpu": dict(
         model="Qwen/Qwen3-4B", task="gsm8k", data_path=None, max_steps=500, prompts_per_step=4, num_generations=8,
-        max_completion_length=1024, temperature=1.0, learning_rate=1e-6, train_size=None, eval_size=500,
+        max_completion_length=1024, temperature=1.0, learning_rate=1e-6, lora_rank=0, train_size=None,
+        eval_size=500,
         eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper",
         trainer_overrides={
             "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"}, "beta": 0.0,
@@ -258,6 +262,7 @@ _FLAGS = [  # (flag, settings key, type, help)
     ("--num-generations", "num_generations", int, "completions per prompt (the GRPO group)"),
     ("--max-completion-length", "max_completion_length", int, "completion tokens"),
     ("--temperature", "temperature", float, "sampling temperature"),
+    ("--lora-rank", "lora_rank", int, "LoRA rank on every decoder linear; 0: full fine-tuning"),
     ("--learning-rate", "learning_rate", float, "constant learning rate"),
     ("--train-size", "train_size", int, "training items"),
     ("--eval-size", "eval_size", int, "held-out items, answered greedily"),
@@ -288,6 +293,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "eval_size", "eval_every"):
         if not isinstance(settings[key], int) or settings[key] < 1:
             raise ValueError(f"{key}={settings[key]!r} must be an integer >= 1.")
+    if not isinstance(settings["lora_rank"], int) or settings["lora_rank"] < 0:
+        raise ValueError(f"lora_rank={settings['lora_rank']!r} must be 0 (full fine-tuning) or a positive integer.")
     return settings
 
 

@@ -92,7 +92,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
 
     try:
-        from ..demo import demo_rewards
+        from ..demo import demo_rewards, lora_config
         from ..trainer import TriageGRPOTrainer
 
         with vllm_process_settings():
@@ -101,7 +101,8 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             train, held_out = load_datasets(settings, seed)
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose)
             trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
-                                        train_dataset=train, callbacks=[LogHistoryWriter(run_dir)])
+                                        train_dataset=train, callbacks=[LogHistoryWriter(run_dir)],
+                                        peft_config=lora_config(settings.get("lora_rank") or 0))
             timings["startup_seconds"] = time.perf_counter() - start
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
                                          on_result=record)
