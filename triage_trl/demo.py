@@ -32,9 +32,10 @@ from .runtime import vllm_process_settings
 # nvfp4_recipe="paper": the NVFP4 layers of published NVFP4 RL (the stability lab's `paper` dose; docs/nvfp4.md).
 # beta=0.04: the k3 KL to the reference model anchors the policy; measured with these settings (128 held-out items):
 # greedy accuracy 63.3% -> 59.4% (-3.9 +- 3.9 points) with it, 63.3% -> 39.8% (-23.4 +- 4.4) with beta 0.
-# lora_rank=16: LoRA adapters on every decoder linear instead of full fine-tuning; measured with these settings
-# (128 held-out items, AVX512-BF16 CPU): full fine-tuning at lr 1e-5 61.7% -> ... ; LoRA lr 5e-5 +3.9 +- 3.4,
-# lr 1e-4 +7.0 +- 3.7 points (docs/stability.md, "Looking for a budget where bf16 learns").
+# lora_rank=16, learning_rate=1e-4: LoRA adapters on every decoder linear instead of full fine-tuning. Measured with
+# these settings, seed 0, 128 held-out items (docs/stability.md, "Looking for a budget where bf16 learns"): full
+# fine-tuning at lr 1e-5 -3.9 +- 3.9 points (AVX2 CPU); LoRA at lr 5e-5 / 1e-4 / 2e-4 +3.9 +- 3.4 / +7.0 +- 3.7 /
+# +0.0 +- 3.3 (AVX512-BF16 CPU).
 DEMO_DEFAULTS = dict(
     max_steps=12,
     prompts_per_step=2,
