@@ -25,14 +25,15 @@ install: $(VENV)/.installed
 test: install
 	$(BIN)/python -m pytest tests
 
-# The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner), reasoning-gym arithmetic,
-# under 20 minutes on 2 CPU cores. Writes runs/demo (model, card, trainer_state.json, plots/). DEMO_ARGS=--quick: 2 steps.
+# The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
+# arithmetic, about 8 minutes on 2 CPU cores with AVX512-BF16 (about 2x on AVX2-only CPUs). Writes runs/demo (LoRA
+# adapter, card, trainer_state.json, plots/). DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
 	$(BIN)/python -m triage_trl.demo --output-dir runs/demo $(DEMO_ARGS)
 
-# Every lab configuration x mismatch dose x 3 seeds on SmolLM2-135M (42 runs, about 2.7 hours on 2 CPU cores with
-# bf16 instructions; resumable). LAB_ARGS e.g. "--seeds 0 --doses paper --configs bf16 nvfp4_naive triage" or
+# Every lab configuration x mismatch dose x 3 seeds on SmolLM2-135M (42 runs of the demo's budget, about 5.7 hours on
+# 2 CPU cores with AVX512-BF16; resumable). LAB_ARGS e.g. "--seeds 0 --doses paper --configs bf16 nvfp4_naive triage" or
 # "--scale gpu". Writes runs/stability_lab.
 .PHONY: stability-lab
 stability-lab: install
