@@ -34,14 +34,15 @@ def test_table_lists_before_after_steps_time():
                "accuracy_gain_se": 0.164, "items_won": 3, "items_lost": 1, "held_out_in_train": 5,
                "held_out": 8, "steps": 2, "train_seconds": 60.0, "total_seconds": 120.0, "reward_first": 0.1,
                "reward_last": 0.2, "zero_signal_frac": 0.5, "sync_probe_gap_max": 0.9,
+               "settings": {"nvfp4_recipe": "paper", "lora_rank": 16, "learning_rate": 1e-4},
                "mismatch_first": {"step": 0, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0},
                "mismatch_last": {"step": 1, "gap_abs_mean": 0.3, "k3_kl": 0.1, "amp_imbalance": 1.0, "repaired_frac": 0.0}}
     table = format_table(summary)
-    assert "LoRA rank 16 on every decoder linear, learning rate 0.0001" in format_table(
-        {**summary, "settings": {"lora_rank": 16, "learning_rate": 1e-4}})
-    assert "all (full fine-tuning)" in format_table({**summary, "settings": {"lora_rank": 0}})
+    assert "all (full fine-tuning), learning rate 1e-05" in format_table(
+        {**summary, "settings": {"lora_rank": 0, "learning_rate": 1e-5}})
     for text in ("25.0% ± 15.3% (2/8)", "50.0% ± 17.7% (4/8)", "+25.0% ± 16.4% (items won 3, lost 1)",
-                 "held-out questions also among the training items  5/8", "1.0 min", "2.0 min",
+                 "held-out questions also among the training items  5/8", "1.0 min", "2.0 min", "paper",
+                 "LoRA rank 16 on every decoder linear, learning rate 0.0001",
                  "triage/k3_kl step 0 -> 1"):
         assert text in table
     assert set(QUICK) <= set(DEMO_DEFAULTS)

@@ -34,13 +34,18 @@ def probe_gap(s, ids) -> float:
     return float((learner_logps(s.model, ids, s.temperature) - sampler).abs().mean())
 
 
+def _linear_or_head(name: str) -> bool:
+    return name.endswith("proj.weight") or name == "lm_head.weight"
+
+
 @torch.no_grad()
-def perturb(model, seed: int, scale: float = 0.5) -> dict[str, torch.Tensor]:
-    """Add ``scale * std(W) * noise`` to every decoder linear and lm_head weight; returns the deltas."""
+def perturb(model, seed: int, scale: float = 0.5, chosen=_linear_or_head) -> dict[str, torch.Tensor]:
+    """Add ``scale * std(W) * noise`` to every parameter ``chosen(name)`` picks (default: every decoder linear and
+    lm_head weight); returns the deltas."""
     g = torch.Generator().manual_seed(seed)
     deltas = {}
     for name, p in model.named_parameters():
-        if name.endswith("proj.weight") or name == "lm_head.weight":
+        if chosen(name):
             d = (torch.randn(p.shape, generator=g) * p.float().std() * scale).to(p.dtype)
             p.add_(d)
             deltas[name] = d
@@ -52,6 +57,22 @@ def restore(model, deltas):
     for name, p in model.named_parameters():
         if name in deltas:
             p.sub_(deltas[name])
+
+
+def assert_sync_catches_up(s, ids, precision: str, deltas: dict[str, torch.Tensor], label: str) -> None:
+    """The learner has moved by ``deltas``: the probe sees the stale sampler, a sync brings it within the bound;
+    then the weights are restored and synced back."""
+    try:
+        stale_gap = probe_gap(s, ids)  # the learner moved, the sampler did not
+        s.gen.sync_weights()
+        synced_gap = probe_gap(s, ids)
+        print(f"{label}: stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
+        assert synced_gap <= GAP_BOUND[precision]
+        assert stale_gap >= 2 * synced_gap and stale_gap >= synced_gap + 0.2
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+    assert probe_gap(s, ids) <= GAP_BOUND[precision]
 
 
 def model_runner(gen):
@@ -111,19 +132,7 @@ def test_sync_matches_learner_and_skipped_sync_is_caught(triage_samplers, precis
     ids = s.tokenizer(PROBE)["input_ids"]
     start_gap = probe_gap(s, ids)
     assert start_gap <= GAP_BOUND[precision]
-
-    deltas = perturb(s.model, seed=1)
-    try:
-        stale_gap = probe_gap(s, ids)  # the learner moved, the sampler did not
-        s.gen.sync_weights()
-        synced_gap = probe_gap(s, ids)
-        print(f"{precision}: start {start_gap:.4f} stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
-        assert synced_gap <= GAP_BOUND[precision]
-        assert stale_gap >= 2 * synced_gap and stale_gap >= synced_gap + 0.2
-    finally:
-        restore(s.model, deltas)
-        s.gen.sync_weights()
-    assert probe_gap(s, ids) <= GAP_BOUND[precision]
+    assert_sync_catches_up(s, ids, precision, perturb(s.model, seed=1), f"{precision} (start {start_gap:.4f})")
 
 
 @pytest.mark.slow
@@ -138,23 +147,11 @@ def test_tied_lm_head_serves_the_synced_embedding(triage_samplers, precision):
     assert s.model.lm_head.weight is s.model.model.embed_tokens.weight
     ids = s.tokenizer(PROBE)["input_ids"]
     assert probe_gap(s, ids) <= GAP_BOUND[precision]
-    embedding = s.model.model.embed_tokens.weight
-    g = torch.Generator().manual_seed(3)
-    delta = (torch.randn(embedding.shape, generator=g) * embedding.float().std() * 0.5).to(embedding.dtype)
-    with torch.no_grad():
-        embedding.add_(delta)
-    try:
-        stale_gap = probe_gap(s, ids)
-        s.gen.sync_weights()
-        synced_gap = probe_gap(s, ids)
-        print(f"{precision} tied: stale {stale_gap:.4f} synced {synced_gap:.4f} nats")
-        assert synced_gap <= GAP_BOUND[precision]
-        assert stale_gap >= 2 * synced_gap and stale_gap >= synced_gap + 0.2
-    finally:
-        with torch.no_grad():
-            embedding.sub_(delta)
-        s.gen.sync_weights()
+    deltas = perturb(s.model, seed=3, chosen=lambda name: name == "model.embed_tokens.weight")
+    assert list(deltas) == ["model.embed_tokens.weight"]
+    assert_sync_catches_up(s, ids, precision, deltas, f"{precision} tied")
     assert s.gen.llm.apply_model(refresh_cpu_lm_heads) == [1]
+    assert triage_samplers(precision).gen.llm.apply_model(refresh_cpu_lm_heads) == [0]  # untied: the reload's own
 
 
 @pytest.mark.slow

@@ -210,10 +210,9 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
 
 
 def _trained_weights(settings: dict) -> str:
-    rank = settings.get("lora_rank", 0)
-    lr = settings.get("learning_rate")
+    rank = settings["lora_rank"]
     text = f"LoRA rank {rank} on every decoder linear" if rank else "all (full fine-tuning)"
-    return f"{text}, learning rate {lr:g}" if lr is not None else text
+    return f"{text}, learning rate {settings['learning_rate']:g}"
 
 
 def _mean(values) -> float:
@@ -228,12 +227,11 @@ def format_table(summary: dict) -> str:
          f"({summary['correct_before']}/{summary['held_out']})"),
         ("held-out accuracy after (greedy)", f"{summary['accuracy_after']:.1%} ± {summary['standard_error_after']:.1%} "
          f"({summary['correct_after']}/{summary['held_out']})"),
-        ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%}"
-         + (f" (items won {summary['items_won']}, lost {summary['items_lost']})" if "items_won" in summary else "")),
-        *([("held-out questions also among the training items", f"{summary['held_out_in_train']}/{summary['held_out']}")]
-          if "held_out_in_train" in summary else []),
+        ("change, paired (± standard error)", f"{summary['accuracy_gain']:+.1%} ± {summary['accuracy_gain_se']:.1%} "
+         f"(items won {summary['items_won']}, lost {summary['items_lost']})"),
+        ("held-out questions also among the training items", f"{summary['held_out_in_train']}/{summary['held_out']}"),
         ("NVFP4 recipe (learner and sampler)", str(summary.get("settings", {}).get("nvfp4_recipe", "n/a"))),
-        ("trained weights", _trained_weights(summary.get("settings", {}))),
+        ("trained weights", _trained_weights(summary["settings"])),
         ("optimizer steps", str(summary["steps"])),
         ("training time", f"{summary['train_seconds'] / 60:.1f} min"),
         ("total time", f"{summary.get('total_seconds', math.nan) / 60:.1f} min"),

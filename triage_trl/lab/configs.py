@@ -102,11 +102,12 @@ SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "
                 "eval_every")
 
 SCALES: dict[str, dict] = {
-    # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`, tested equal: 12 steps of
-    # 2 prompts x 8 completions, LoRA rank 16 at lr 1e-4, 32 tokens, T 0.7), held-out accuracy on 128 items (32
-    # resolve nothing: one item is 3 points) at steps 0 and 12. The first budget found in which GRPO gains held-out
-    # accuracy on this model (docs/stability.md). Measured per run on a 2-core CPU with AVX512-BF16: start-up 40 s,
-    # step ~32 s, evaluation ~30 s (AVX2-only CPUs: about 2x).
+    # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`,
+    # tested equal: 12 steps of 2 prompts x 8 completions, LoRA rank 16 at lr 1e-4, 32 tokens, T 0.7), held-out
+    # accuracy on 128 items (32 resolve nothing: one item is 3 points) at steps 0 and 12. No budget within a CPU's
+    # reach was found where bf16 GRPO gains beyond noise on this task (docs/stability.md: 4 items of headroom).
+    # Measured per run on a 2-core CPU with AVX512-BF16: start-up 40 s, step ~32 s, evaluation ~30 s (AVX2-only
+    # CPUs: about 2x).
     "cpu": dict(
         model=None, task="reasoning_gym", data_path=None, max_steps=12, prompts_per_step=2, num_generations=8,
         max_completion_length=32, temperature=0.7, learning_rate=1e-4, lora_rank=16, train_size=256, eval_size=128,

@@ -13,8 +13,9 @@ __all__ = ["after_cpu_reload", "refresh_cpu_lm_heads"]
 
 
 def refresh_cpu_lm_heads(model: nn.Module) -> int:
-    """Bind a loaded vLLM model's ``lm_head`` GEMM to its current weight after ``reload_weights``
-    (``llm.apply_model``) on vLLM's CPU platform; returns how many heads it rebound (0 elsewhere).
+    """Bind a loaded vLLM model's tied ``lm_head`` GEMM to its current weight after ``reload_weights``
+    (``llm.apply_model``) on vLLM's CPU platform; returns how many heads it rebound (0 elsewhere, and for untied
+    heads, which the reload re-processes itself).
 
     Where oneDNN multiplies the weight's dtype (bf16 on CPUs with AVX512-BF16 or AMX, float32 on any x86 CPU), vLLM's
     CPU GEMM of an unquantised layer multiplies by a copy of the weight packed when the layer was processed. A tied
@@ -23,26 +24,29 @@ def refresh_cpu_lm_heads(model: nn.Module) -> int:
     weights, so its logits stayed random: measured with SmolLM2-135M on an AVX512-BF16 AMD EPYC, the engine generated
     from the dummy weights after every sync (probe gap 8.4 nats; the AVX2-only CPUs fall back to
     ``torch.nn.functional.linear`` on bf16, which reads the weight and showed nothing). Re-processing the head packs
-    its current weight; it keeps the weight (vLLM processes heads with ``remove_weight=False``), so doing it for an
-    untied head changes no value.
+    its current weight and keeps the weight (vLLM processes heads with ``remove_weight=False``).
     """
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead, UnquantizedEmbeddingMethod,
+                                                                     VocabParallelEmbedding)
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return 0
+    modules = list(model.modules())
+    embeddings = {id(m.weight) for m in modules
+                  if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)}
     count = 0
-    for module in model.modules():
+    for module in modules:
         method = getattr(module, "quant_method", None)
-        if (isinstance(module, ParallelLMHead) and type(method).__name__ == "UnquantizedEmbeddingMethod"
-                and module.weight.numel() > 0):
+        if (isinstance(module, ParallelLMHead) and isinstance(method, UnquantizedEmbeddingMethod)
+                and id(module.weight) in embeddings):
             method.process_weights_after_loading(module)
             count += 1
     return count
 
 
 def after_cpu_reload(model: nn.Module) -> dict[str, int]:
-    """Everything a vLLM 0.31 CPU engine needs after ``reload_weights`` (``llm.apply_model``): the tied head's GEMM
+    """Everything a vLLM 0.31 CPU engine needs after ``reload_weights`` (``llm.apply_model``): a tied head's GEMM
     (:func:`refresh_cpu_lm_heads`) and the bf16 MoE experts' layout
     (:func:`triage_trl.nvfp4.experts.repack_cpu_moe_after_reload`). Returns ``{"lm_heads": n, "moe_experts": m}``,
     what each touched."""
