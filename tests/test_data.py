@@ -23,6 +23,7 @@ from triage_trl.data import (
     reasoning_gym_dataset,
 )
 from triage_trl.data.jsonl import read_jsonl
+from triage_trl.data.reasoning_gym import RG_ARITHMETIC_EXAMPLE
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is absent (CI has it)")
@@ -92,6 +93,18 @@ def test_reasoning_gym_default_task_offline():
     held_out = reasoning_gym_dataset(size=50, seed=HELD_OUT_SEED)
     assert held_out["rg_entry"] != ds["rg_entry"]
     assert reasoning_gym_dataset(size=50)["rg_entry"] == ds["rg_entry"]
+
+
+def test_reasoning_gym_example_shows_a_negative_answer():
+    # With a positive example SmolLM2 never writes a minus sign (benchmarks/bench_task_headroom.py): the example
+    # must be a two-term difference whose boxed answer is negative and correct.
+    question, answer = RG_ARITHMETIC_EXAMPLE
+    expression = question.rsplit(":", 1)[1].strip().removesuffix("=").strip()
+    assert len(expression.split()) == 3 and expression.split()[1] == "-"
+    value = eval(expression)  # noqa: S307 - digits and - only
+    assert value < 0 and answer.endswith(f"\\boxed{{{value}}}.")
+    prompt = reasoning_gym_dataset(size=1)[0]["prompt"]
+    assert prompt[0]["content"].startswith(question) and prompt[1]["content"] == answer
 
 
 def test_reasoning_gym_other_task_and_errors():

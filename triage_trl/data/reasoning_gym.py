@@ -5,8 +5,9 @@ items; the dataset's own ``score_answer(answer, entry)`` scores them (``triage_t
 which counts only a score of 1.0 as correct: the scorers give partial credit). Each row keeps its item as JSON
 in ``rg_entry`` so the scorer can be rebuilt from ``metadata["source_dataset"]`` inside a reward function.
 
-Default difficulty: :data:`DEFAULT_TASK` — measured so that SmolLM2-135M-Instruct starts between 10% and 60%
-correct and most GRPO groups have mixed rewards (numbers in ``triage_trl/demo.py`` and the README).
+Default: :data:`DEFAULT_TASK` with the one-shot turn :data:`RG_ARITHMETIC_EXAMPLE`. On the 128 held-out items,
+SmolLM2-135M-Instruct in bf16 answers 71.9% greedily, and 8 samples at T=0.7 find a correct answer for 90.6% of
+them with mixed rewards in 115 of the 128 groups (``benchmarks/bench_task_headroom.py``; ``docs/stability.md``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ HELD_OUT_SEED = 1234
 """Seeds of the training items and of the held-out slice (different seeds: different items)."""
 
 # A one-shot turn in reasoning-gym's own arithmetic question style, with two terms like the default task (with a
-# three-term example SmolLM2 copies a second, made-up operation into its answers).
+# three-term example SmolLM2 copies a second, made-up operation into its answers). Its answer is negative: with a
+# positive example ("23 + 9 = 32") SmolLM2-135M never writes a minus sign (0 of the 28 negative answers among the 128
+# held-out items, at the start and after any training), so the task left bf16 GRPO 4 reachable items. With this one
+# it starts at 71.9% greedy (bf16 vLLM) but puts the sign where it does not belong, and 8 samples at T=0.7 find a
+# correct answer for 90.6% of the items (78.9% before): the headroom GRPO learns from (docs/stability.md).
 RG_ARITHMETIC_EXAMPLE = (
-    "State the final answer to the following arithmetic problem: 23 + 9 =",
-    "23 + 9 = 32.\nThe final answer is \\boxed{32}.",
+    "State the final answer to the following arithmetic problem: 4 - 9 =",
+    "4 - 9 = -5.\nThe final answer is \\boxed{-5}.",
 )
 
 
