@@ -104,8 +104,9 @@ SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "
 SCALES: dict[str, dict] = {
     # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`,
     # tested equal: 12 steps of 2 prompts x 8 completions, LoRA rank 16 at lr 1e-4, 32 tokens, T 0.7), held-out
-    # accuracy on 128 items (32 resolve nothing: one item is 3 points) at steps 0 and 12. No budget within a CPU's
-    # reach was found where bf16 GRPO gains beyond noise on this task (docs/stability.md: 4 items of headroom).
+    # accuracy on 128 items (32 resolve nothing: one item is 3 points) at steps 0 and 12. With the task's one-shot
+    # example showing a negative answer, bf16 GRPO gains in this budget on 3 of 3 seeds (docs/stability.md, "A prompt
+    # with headroom"); with the former, positive one it had 4 items of headroom.
     # Measured per run on a 2-core CPU with AVX512-BF16: start-up 40 s, step ~32 s, evaluation ~30 s (AVX2-only
     # CPUs: about 2x).
     "cpu": dict(
