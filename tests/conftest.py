@@ -30,13 +30,14 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
     """Build-once cache of TriageGRPOTrainer runs with the real in-process vLLM CPU sampler.
 
     ``vllm_trainers(key, **config)`` builds a trainer (its own vLLM engine), runs ``trainer.train()`` once and
-    caches it under ``key`` for the session, so several tests share one engine and one run.
+    caches it under ``key`` for the session, so several tests share one engine and one run. ``train_seed`` draws
+    the 8 training prompts (``arith_dataset``); ``calibration_dataset`` goes to the trainer as it is.
     """
     import torch
 
     cache = {}
 
-    def get(key, peft_config=None, **config):
+    def get(key, peft_config=None, train_seed=0, calibration_dataset=None, **config):
         if key not in cache:
             from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
             from triage_trl.data.arith import arith_dataset
@@ -52,7 +53,8 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
             kwargs.update(config)
             trainer = TriageGRPOTrainer(
                 model=tiny_qwen3_dir, reward_funcs=digit_share_reward, args=TriageGRPOConfig(**kwargs),
-                train_dataset=arith_dataset(8, seed=0), peft_config=peft_config,
+                train_dataset=arith_dataset(8, seed=train_seed), peft_config=peft_config,
+                calibration_dataset=calibration_dataset,
             )
             trainer.train()
             cache[key] = trainer

@@ -290,6 +290,21 @@ def test_summarize_refuses_an_empty_folder(tmp_path):
         summarize(str(tmp_path))
 
 
+def test_every_seed_calibrates_on_seed_0s_first_training_prompts():
+    from triage_trl.lab.worker import load_datasets
+
+    settings = scale_preset("cpu")
+    draws = {seed: load_datasets(settings, seed, calibration_size=4) for seed in (0, 1, 2)}
+    train0, held_out0, calibration0 = draws[0]
+    assert len(train0) == 256 and len(held_out0) == 128 and len(calibration0) == 4
+    assert calibration0["prompt"] == train0["prompt"][:4]
+    for seed in (1, 2):
+        train, held_out, calibration = draws[seed]
+        assert calibration["prompt"] == calibration0["prompt"]
+        assert held_out["prompt"] == held_out0["prompt"]
+        assert train["prompt"][:4] != train0["prompt"][:4]  # the training draw is the seed's own
+
+
 def test_worker_records_a_failed_run(tmp_path, monkeypatch):
     from triage_trl.lab.worker import run
 

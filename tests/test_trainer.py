@@ -233,6 +233,14 @@ def test_triage_needs_the_vllm_sampler_and_turns_it_on_by_default(tmp_path):
     assert _args(TriageGRPOConfig, tmp_path, triage_mode="off").use_vllm is False  # TRL's default
 
 
+@pytest.mark.parametrize("calibration", [[], [{"question": "no prompt column"}]], ids=["empty", "no-prompt"])
+def test_trainer_refuses_a_calibration_dataset_without_prompts(tmp_path, tiny_qwen3_dir, calibration):
+    args = _args(TriageGRPOConfig, tmp_path)
+    with pytest.raises(ValueError, match="calibration_dataset has no prompt"):
+        TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset(),
+                          calibration_dataset=calibration)
+
+
 def test_trainer_refuses_rollout_func(tmp_path, tiny_qwen3_dir):
     args = _args(TriageGRPOConfig, tmp_path)
     with pytest.raises(NotImplementedError, match="rollout_func"):

@@ -161,7 +161,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 
 
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
-    from .data import HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
+    from .data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .eval.held_out import items_won_lost, paired_difference, shared_prompts
     from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
     from .trainer import TriageGRPOTrainer
@@ -178,8 +178,10 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
                                     "temperature", "learning_rate", "nvfp4_recipe", "beta")},
     )
-    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=config,
-                                train_dataset=train, peft_config=lora_config(settings["lora_rank"]))
+    # One calibration set for every seed: the sampler's activation scales do not depend on the training draw.
+    calibration = reasoning_gym_dataset(size=config.nvfp4_calibration_prompts, seed=CALIBRATION_SEED)
+    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=config, train_dataset=train,
+                                calibration_dataset=calibration, peft_config=lora_config(settings["lora_rank"]))
     evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])
     train_seconds = train_with_held_out(trainer, evaluator)
     before, after = evaluator.results[0][1], evaluator.results[-1][1]

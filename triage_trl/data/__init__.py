@@ -10,7 +10,7 @@ from __future__ import annotations
 from .gsm8k import GSM8K_HUB_ID, gsm8k_dataset
 from .math_jsonl import math_dataset
 from .prompts import INSTRUCTION, boxed_chat_prompt
-from .reasoning_gym import DEFAULT_TASK, HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
+from .reasoning_gym import CALIBRATION_SEED, DEFAULT_TASK, HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
 
 DATASET_CHOICES = ("reasoning_gym", "gsm8k", "math")
 
@@ -41,6 +41,7 @@ def load_task(name: str, *, path: str | None = None, split: str = "train", size:
 
 
 __all__ = [
+    "CALIBRATION_SEED",
     "DATASET_CHOICES",
     "DEFAULT_TASK",
     "GSM8K_HUB_ID",

@@ -41,25 +41,29 @@ def _append_jsonl(path: str, record: dict) -> None:
         f.write(json.dumps(record, default=float) + "\n")
 
 
-def load_datasets(settings: dict, seed: int):
-    """``(train, held_out)`` for the run's task.
+def load_datasets(settings: dict, seed: int, calibration_size: int):
+    """``(train, held_out, calibration)`` for the run's task.
 
     ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` with seed ``TRAIN_SEED + seed``; the held-out
     slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
-    and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle.
+    and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
+    NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
+    (the first items of seed 0's training set), so every seed's sampler gets the same activation scales.
 
     Raises:
         ValueError: another task.
     """
-    from ..data import HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
+    from ..data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
 
     if settings["task"] == "reasoning_gym":
         return (reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed),
-                reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED))
+                reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED),
+                reasoning_gym_dataset(size=calibration_size, seed=CALIBRATION_SEED))
     if settings["task"] == "gsm8k":
         source = settings.get("data_path") or "openai/gsm8k"
         return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
-                gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED))
+                gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
+                gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
     raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
 
 
@@ -98,10 +102,11 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         with vllm_process_settings():
             model_path = resolve_model(settings.get("model"), run_dir)
             summary["model"] = model_path
-            train, held_out = load_datasets(settings, seed)
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose)
+            train, held_out, calibration = load_datasets(settings, seed, args.nvfp4_calibration_prompts)
             trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
-                                        train_dataset=train, callbacks=[LogHistoryWriter(run_dir)],
+                                        train_dataset=train, calibration_dataset=calibration,
+                                        callbacks=[LogHistoryWriter(run_dir)],
                                         peft_config=lora_config(settings.get("lora_rank") or 0))
             timings["startup_seconds"] = time.perf_counter() - start
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],

@@ -148,7 +148,8 @@ class NVFP4Config:
     )
     nvfp4_calibration_prompts: int = field(
         default=16,
-        metadata={"help": "Number of training prompts that calibrate the NVFP4 sampler's input global scales; >= 1."},
+        metadata={"help": "Number of prompts that calibrate the NVFP4 sampler's input global scales: the first rows of "
+                  "the trainer's calibration_dataset (default: the training set); >= 1."},
     )
 
     def validate_nvfp4(self) -> None:

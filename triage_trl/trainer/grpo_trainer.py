@@ -50,9 +50,15 @@ class TriageGRPOTrainer(GRPOTrainer):
         reward_funcs: as [`~trl.GRPOTrainer`].
         args: a [`TriageGRPOConfig`] (default: one named after the model, TRIAGE full, colocated vLLM sampler;
             ``use_cpu=True`` on a machine without an accelerator, so TRL's quickstart call also runs on CPU).
+        calibration_dataset: the prompts (a ``prompt`` column, as ``train_dataset``'s) whose first
+            ``args.nvfp4_calibration_prompts`` rows calibrate the NVFP4 sampler's static activation scales
+            (``triage_trl.nvfp4.calibration``). Default: ``train_dataset``. Pass one fixed set to give runs that draw
+            other training items (e.g. per seed) bit-identical sampler scales. Unused by a bf16 sampler. Works with
+            every launch configuration (each rank calibrates on the same rows).
         **kwargs: every other [`~trl.GRPOTrainer`] argument (``train_dataset``, ``peft_config``, ...).
 
     Raises:
+        ValueError: ``calibration_dataset`` has no row or no ``prompt`` column.
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
         NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
             log-probs TRIAGE needs on every path).
@@ -63,9 +69,13 @@ class TriageGRPOTrainer(GRPOTrainer):
     _name = "TRIAGE-GRPO"
     _paper = TRIAGE_PAPER
 
-    def __init__(self, model, reward_funcs=None, args: TriageGRPOConfig | None = None, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: TriageGRPOConfig | None = None, *,
+                 calibration_dataset=None, **kwargs):
         check_trl_contract()
         args = _triage_args(model, args)
+        if calibration_dataset is not None and not _calibration_prompts(calibration_dataset, 1):
+            raise ValueError("calibration_dataset has no prompt: give a dataset with a 'prompt' column and at least "
+                             "one row, or leave it unset to calibrate on train_dataset.")
         if args.triage_mode != "off" and kwargs.get("rollout_func") is not None:
             raise NotImplementedError(
                 "TRIAGE with a rollout_func is not supported: the sampler log-probs and sync probe TRIAGE relies on "
@@ -79,7 +89,9 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.nvfp4_learner_report = None
         self._synced_step = None
         built: list = []
-        with trl_builds_sampler_with(self._sampler_factory(args, kwargs.get("train_dataset"), built)):
+        if calibration_dataset is None:
+            calibration_dataset = kwargs.get("train_dataset")
+        with trl_builds_sampler_with(self._sampler_factory(args, calibration_dataset, built)):
             super().__init__(model, reward_funcs, args, **kwargs)
         if self.use_vllm and (len(built) != 1 or self.vllm_generation is not built[0]):
             raise TRLContractError(
@@ -102,7 +114,7 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ construction
 
-    def _sampler_factory(self, args: TriageGRPOConfig, train_dataset, built: list):
+    def _sampler_factory(self, args: TriageGRPOConfig, calibration_dataset, built: list):
         """The callable TRL instantiates as its vLLM backend: TriageVLLMGeneration bound to this run's settings.
         Each sampler it builds is appended to ``built``, so the trainer can check TRL used it."""
         if not args.use_vllm:
@@ -112,7 +124,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         make = functools.partial(
             TriageVLLMGeneration,
             sampler_precision=args.sampler_precision,
-            calibration_prompts=_calibration_prompts(train_dataset, args.nvfp4_calibration_prompts),
+            calibration_prompts=_calibration_prompts(calibration_dataset, args.nvfp4_calibration_prompts),
             recalibrate_every_sync=args.nvfp4_recalibrate_every_sync,
             sampler_seed=args.seed,
             nvfp4_config=args,
@@ -345,14 +357,15 @@ def _triage_args(model, args) -> TriageGRPOConfig:
     return args
 
 
-def _calibration_prompts(train_dataset, n: int) -> list:
-    """The first ``n`` prompts of the training set (as stored: text or chat messages)."""
-    if train_dataset is None or n <= 0:
+def _calibration_prompts(dataset, n: int) -> list:
+    """The first ``n`` prompts of ``dataset`` (as stored: text or chat messages); ``[]`` without rows or a ``prompt``
+    column."""
+    if dataset is None or n <= 0:
         return []
     try:
-        column = train_dataset[: min(n, len(train_dataset))]["prompt"]
+        column = dataset[: min(n, len(dataset))]["prompt"]
     except (TypeError, KeyError):  # iterable datasets
-        column = [row["prompt"] for row, _ in zip(train_dataset, range(n))]
+        column = [row["prompt"] for row, _ in zip(dataset, range(n)) if "prompt" in row]
     return list(column)
 
 
