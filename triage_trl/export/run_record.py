@@ -1,9 +1,10 @@
 """What a run folder records for its NVFP4 export: ``triage_run.json``.
 
 The export must quantise the layers the run's sampler quantised and calibrate its activation scales on the prompts
-the sampler calibrated on (the first ``nvfp4_calibration_prompts`` training prompts, rendered as the sampler
-rendered them). The run harness writes both here before training and at the end (``triage_trl.runs``); a run
-folder without the file is exported with the default NVFP4 settings and :data:`BUILTIN_CALIBRATION_PROMPTS`.
+the sampler calibrated on (the first ``nvfp4_calibration_prompts`` prompts of the trainer's ``calibration_dataset``,
+by default the training set, rendered as the sampler rendered them). The run harness writes both here before training
+and at the end (``triage_trl.runs``); a run folder without the file is exported with the default NVFP4 settings and
+:data:`BUILTIN_CALIBRATION_PROMPTS`.
 """
 
 from __future__ import annotations
