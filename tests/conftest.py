@@ -32,34 +32,40 @@ def vllm_trainers(tmp_path_factory, tiny_qwen3_dir, in_process_vllm):
     ``vllm_trainers(key, **config)`` builds a trainer (its own vLLM engine), runs ``trainer.train()`` once and
     caches it under ``key`` for the session, so several tests share one engine and one run. ``train_seed`` draws
     the 8 training prompts (``arith_dataset``); ``calibration_dataset`` goes to the trainer as it is.
+    ``vllm_trainers.build(key, train=False, **config)`` builds one outside the cache (close it after use).
     """
     import torch
 
     cache = {}
 
-    def get(key, peft_config=None, train_seed=0, calibration_dataset=None, **config):
-        if key not in cache:
-            from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
-            from triage_trl.data.arith import arith_dataset
-            from triage_trl.rewards import digit_share_reward
+    def build(key, peft_config=None, train_seed=0, calibration_dataset=None, train=True, **config):
+        from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
+        from triage_trl.data.arith import arith_dataset
+        from triage_trl.rewards import digit_share_reward
 
-            kwargs = dict(
-                output_dir=str(tmp_path_factory.mktemp(f"trainer-{key}")), use_cpu=True, bf16=False,
-                use_vllm=True, vllm_mode="colocate", vllm_max_model_length=256, per_device_train_batch_size=4,
-                num_generations=4, max_completion_length=16, learning_rate=1e-4, max_steps=1, logging_steps=1,
-                save_strategy="no", report_to="none", seed=0, loss_type="grpo", nvfp4_calibration_prompts=2,
-                model_init_kwargs={"dtype": torch.bfloat16},
-            )
-            kwargs.update(config)
-            trainer = TriageGRPOTrainer(
-                model=tiny_qwen3_dir, reward_funcs=digit_share_reward, args=TriageGRPOConfig(**kwargs),
-                train_dataset=arith_dataset(8, seed=train_seed), peft_config=peft_config,
-                calibration_dataset=calibration_dataset,
-            )
+        kwargs = dict(
+            output_dir=str(tmp_path_factory.mktemp(f"trainer-{key}")), use_cpu=True, bf16=False,
+            use_vllm=True, vllm_mode="colocate", vllm_max_model_length=256, per_device_train_batch_size=4,
+            num_generations=4, max_completion_length=16, learning_rate=1e-4, max_steps=1, logging_steps=1,
+            save_strategy="no", report_to="none", seed=0, loss_type="grpo", nvfp4_calibration_prompts=2,
+            model_init_kwargs={"dtype": torch.bfloat16},
+        )
+        kwargs.update(config)
+        trainer = TriageGRPOTrainer(
+            model=tiny_qwen3_dir, reward_funcs=digit_share_reward, args=TriageGRPOConfig(**kwargs),
+            train_dataset=arith_dataset(8, seed=train_seed), peft_config=peft_config,
+            calibration_dataset=calibration_dataset,
+        )
+        if train:
             trainer.train()
-            cache[key] = trainer
+        return trainer
+
+    def get(key, **config):
+        if key not in cache:
+            cache[key] = build(key, **config)
         return cache[key]
 
+    get.build = build
     try:
         yield get
     finally:

@@ -77,15 +77,19 @@ def test_one_calibration_set_gives_every_seed_bit_identical_sampler_scales(vllm_
     the same NVFP4 activation scales bit for bit (the demo and the stability lab rely on it)."""
     from triage_trl.data.arith import arith_dataset
 
-    calibration = arith_dataset(8, seed=0)  # the training set of seed 0, whose run calibrates on it by default
-    runs = [vllm_trainers("nvfp4-nvfp4", **CONFIGS["nvfp4-nvfp4"])]
-    runs += [vllm_trainers(f"nvfp4-nvfp4-seed{s}", seed=s, train_seed=s, calibration_dataset=calibration,
-                           **CONFIGS["nvfp4-nvfp4"]) for s in (1, 2)]
-    assert len({str(r.train_dataset["prompt"]) for r in runs}) == 3, "each seed must draw other training prompts"
-    texts = [r.vllm_generation.calibration_texts() for r in runs]
-    assert len(texts[0]) == 2 and texts[1] == texts[0] and texts[2] == texts[0]
-    scales = [r.vllm_generation.input_global_scales for r in runs]
-    assert len(scales[0]) == 14
-    for other in scales[1:]:
-        assert other.keys() == scales[0].keys()
-        assert all(torch.equal(other[k], scales[0][k]) for k in scales[0])
+    seed0 = vllm_trainers("nvfp4-nvfp4", **CONFIGS["nvfp4-nvfp4"])  # calibrates on its training set by default
+    calibration = arith_dataset(8, seed=0)  # that same set, now passed as the calibration set
+    runs = [(seed0.train_dataset["prompt"], seed0.vllm_generation.calibration_texts(),
+             seed0.vllm_generation.input_global_scales)]
+    for seed in (1, 2):
+        with vllm_trainers.build(f"calibration-seed{seed}", train=False, seed=seed, train_seed=seed,
+                                 calibration_dataset=calibration, **CONFIGS["nvfp4-nvfp4"]) as trainer:
+            runs.append((trainer.train_dataset["prompt"], trainer.vllm_generation.calibration_texts(),
+                         trainer.vllm_generation.input_global_scales))
+    assert len({str(prompts) for prompts, _, _ in runs}) == 3, "each seed must draw other training prompts"
+    (_, texts, scales), others = runs[0], runs[1:]
+    assert len(texts) == 2 and len(scales) == 14
+    for _, other_texts, other_scales in others:
+        assert other_texts == texts
+        assert other_scales.keys() == scales.keys()
+        assert all(torch.equal(other_scales[k], scales[k]) for k in scales)
