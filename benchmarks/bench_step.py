@@ -1,9 +1,10 @@
-"""The cost of one GRPO optimizer step, by phase: bf16 sampler and learner with TRL's loss vs NVFP4 sampler and
-learner with TRIAGE full, on SmolLM2-135M-Instruct (CPU, one process, colocated vLLM).
+"""The cost of one GRPO optimizer step, by phase, against this machine's floor: bf16 sampler and learner with TRL's
+loss vs NVFP4 sampler and learner with TRIAGE full, on SmolLM2-135M-Instruct (CPU, one process, colocated vLLM).
 
-Each arm trains ``--warmup + --steps`` steps of the real ``TriageGRPOTrainer`` with the demo's CPU settings
-(``triage_trl.demo.build_config``: reasoning-gym prompts, float32 master weights), on the same prompts (same seed) and
-with the same lengths (``ignore_eos``: every completion is ``--max-completion-length`` tokens). The arms differ only
+Each arm trains ``--warmup + --steps`` steps of the real ``TriageGRPOTrainer`` with the demo's settings and batch
+(``triage_trl.demo.build_config`` and ``DEMO_DEFAULTS``: 2 prompts x 8 completions of the demo's task, LoRA rank 16,
+the ``paper`` NVFP4 recipe, beta 0.04, float32 master weights), on the same prompts (same seed) and with the same
+lengths (``ignore_eos``: every completion is ``--max-completion-length`` tokens). The arms differ only
 in ``learner_precision``/``sampler_precision`` (``bf16`` vs ``nvfp4``) and ``triage_mode`` (``off``: TRL's loss with
 its own importance-sampling correction; ``full``: TRIAGE's weights). The warm-up steps (start-up, NVFP4 calibration,
 ``torch.compile``) are not timed; the figures are means over the timed steps, in seconds, each phase counted once
@@ -18,12 +19,15 @@ its own importance-sampling correction; ``full``: TRIAGE's weights). The warm-up
 * ``backward``, ``optimizer`` (``optimizer.step``), ``other`` (rewards, advantages, clipping, logging);
 * ``step``: ``on_step_begin`` to ``on_step_end``.
 
-Last line: ``nvfp4_triage_step_over_bf16=<NVFP4+TRIAGE step time / bf16+TRL step time>``. On a CPU without native
-bf16 GEMMs (AVX2 only) torch emulates bf16 products while the NVFP4 layers form them in float32, so the ratio there
-says little about a CPU or GPU with native bf16 (docs/nvfp4.md, "Step cost").
+Beside each phase, its floor on this machine (``step_floor.py``: the phase's GEMM FLOPs and weight reads at the
+GEMM throughput and copy bandwidth measured here, in the same run, on the model's own shapes) and measured / floor.
+Both engines compute in ``triage_trl.runtime.engine_dtype()`` (float32 on CPUs without bf16 instructions).
 
-Usage: ``python benchmarks/bench_step.py [--model tiny-qwen3] [--steps 1] [--warmup 1] [--prompts 2]
-[--generations 4] [--max-completion-length 32]``
+Last lines: ``step_over_floor=<NVFP4+TRIAGE step / its floor>`` and
+``nvfp4_triage_step_over_bf16=<NVFP4+TRIAGE step time / bf16+TRL step time>``.
+
+Usage: ``python benchmarks/bench_step.py [--model tiny-qwen3] [--steps 2] [--warmup 1] [--prompts 2]
+[--generations 8] [--max-completion-length 32]``
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ import time
 from transformers import TrainerCallback
 
 from bench_sync import timed
+from step_floor import StepFloor
 
 ARMS = {
     "bf16_trl": dict(learner_precision="bf16", sampler_precision="bf16", triage_mode="off"),
     "nvfp4_triage": dict(learner_precision="nvfp4", sampler_precision="nvfp4", triage_mode="full"),
 }
 PHASES = ("generation", "sync", "logprobs", "objective", "backward", "optimizer")
+FLOOR_PHASES = ("generation", "sync", "logprobs", "backward", "optimizer")
 
 
 class StepClock(TrainerCallback):
@@ -50,12 +56,52 @@ class StepClock(TrainerCallback):
     def __init__(self, trainer):
         self.calls: dict[str, list[float]] = {phase: [] for phase in PHASES}
         self.steps: list[dict[str, float]] = []
+        self.work: list[dict[str, int]] = []  # per step: the token counts the floor is computed from
         self._nesting: list[float] = []
+        self._tokens = {"logprobs": 0, "loss": 0, "prompt": 0, "sequences": 0, "new": 0, "backward": 0}
+        self._in_loss = False
+        self._count_work(trainer)
         gen = trainer.vllm_generation
         for owner, name, phase in ((gen, "generate", "generation"), (gen, "sync_weights", "sync"),
                                    (trainer, "_get_per_token_logps_and_entropies", "logprobs"),
                                    (trainer, "compute_loss", "objective"), (trainer.accelerator, "backward", "backward")):
             self._wrap(owner, name, phase)
+
+    def _count_work(self, trainer) -> None:
+        """Record the tokens each timed call processes (wrapping the timed wrappers, outside them)."""
+        counts, clock = self._tokens, self
+        logps, loss, generate, backward = (trainer._get_per_token_logps_and_entropies, trainer.compute_loss,
+                                           trainer.vllm_generation.generate, trainer.accelerator.backward)
+
+        def logps_counted(model, input_ids, *args, **kwargs):
+            counts["logprobs"] += input_ids.numel()
+            if clock._in_loss:
+                counts["loss"] += input_ids.numel()
+            return logps(model, input_ids, *args, **kwargs)
+
+        def loss_counted(*args, **kwargs):
+            clock._in_loss = True
+            try:
+                return loss(*args, **kwargs)
+            finally:
+                clock._in_loss = False
+
+        def generate_counted(prompts, images, num_generations, *args, **kwargs):
+            out = generate(prompts, images, num_generations, *args, **kwargs)
+            counts["prompt"] += sum(len(p) for p in prompts)
+            counts["sequences"] += len(out[1])
+            counts["new"] = max(counts["new"], max((len(c) for c in out[1]), default=0))
+            return out
+
+        def backward_counted(*args, **kwargs):
+            counts["backward"] += counts["loss"]
+            counts["loss"] = 0
+            return backward(*args, **kwargs)
+
+        trainer._get_per_token_logps_and_entropies = logps_counted
+        trainer.compute_loss = loss_counted
+        trainer.vllm_generation.generate = generate_counted
+        trainer.accelerator.backward = backward_counted
 
     def _wrap(self, owner, name: str, phase: str) -> None:
         timed(owner, name, self.calls[phase], echo=False, nesting=self._nesting)
@@ -66,67 +112,103 @@ class StepClock(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._start = time.perf_counter()
         self._seen = {phase: len(calls) for phase, calls in self.calls.items()}
+        self._tokens.update(dict.fromkeys(self._tokens, 0))
 
     def on_step_end(self, args, state, control, **kwargs):
         step = {phase: sum(calls[self._seen[phase]:]) for phase, calls in self.calls.items()}
         step["step"] = time.perf_counter() - self._start
         step["other"] = step["step"] - sum(step[phase] for phase in PHASES)
         self.steps.append(step)
+        self.work.append(dict(self._tokens))
 
 
-def run_arm(arm: str, model: str | None, work_dir: str, args) -> dict[str, float]:
-    """Mean seconds per phase over the timed steps of one arm."""
-    from triage_trl.data import TRAIN_SEED, reasoning_gym_dataset
-    from triage_trl.demo import build_config
-    from triage_trl.rewards import format_reward, verified_answer_reward
+def floors(floor: StepFloor, work: dict[str, int], syncs: int) -> dict[str, float]:
+    """Seconds per phase at this machine's floor for one step's ``work`` (``StepClock.work``)."""
+    return {
+        "generation": floor.generation(work["prompt"], work["sequences"], work["new"]),
+        "sync": syncs * floor.sync(),
+        "logprobs": floor.forward(work["logprobs"]),
+        "backward": floor.backward(work["backward"]),
+        "optimizer": floor.optimizer(),
+    }
+
+
+def run_arm(arm: str, model: str | None, work_dir: str, args) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean seconds per phase over the timed steps of one arm, and the mean floor of each phase."""
+    from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
+    from triage_trl.demo import DEMO_DEFAULTS, build_config, lora_config
+    from triage_trl.demo import demo_rewards
     from triage_trl.runs import resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 
+    from triage_trl.runtime import engine_dtype
+
     config = build_config(
         f"{work_dir}/{arm}", max_steps=args.warmup + args.steps, prompts_per_step=args.prompts,
-        num_generations=args.generations, max_completion_length=args.max_completion_length, temperature=0.7,
-        learning_rate=1e-5, generation_kwargs={"ignore_eos": True}, **ARMS[arm],
+        num_generations=args.generations, max_completion_length=args.max_completion_length,
+        temperature=DEMO_DEFAULTS["temperature"], learning_rate=DEMO_DEFAULTS["learning_rate"],
+        nvfp4_recipe=DEMO_DEFAULTS["nvfp4_recipe"], beta=DEMO_DEFAULTS["beta"],
+        generation_kwargs={"ignore_eos": True}, **ARMS[arm],
     )
-    train = reasoning_gym_dataset(size=8 * args.prompts * (args.warmup + args.steps), seed=TRAIN_SEED)
+    size = 8 * args.prompts * (args.warmup + args.steps)
+    train = reasoning_gym_dataset(size=size, seed=TRAIN_SEED)
     with vllm_process_settings(cpu_kv_cache_gib=1):
         trainer = TriageGRPOTrainer(model=resolve_model(model, work_dir), args=config, train_dataset=train,
-                                    reward_funcs=[verified_answer_reward, format_reward])
+                                    reward_funcs=demo_rewards(), peft_config=lora_config(args.lora_rank),
+                                    calibration_dataset=reasoning_gym_dataset(size=size, seed=CALIBRATION_SEED))
         clock = StepClock(trainer)
         trainer.add_callback(clock)
         with trainer:
             trainer.train()
-    timed_steps = clock.steps[args.warmup:]
-    return {key: statistics.mean(s[key] for s in timed_steps) for key in (*PHASES, "other", "step")}
+            tokens = statistics.mean(w["logprobs"] for w in clock.work) / 4  # about one forward's batch
+            floor = StepFloor(trainer.model, int(tokens), engine_bytes_per_param=engine_dtype().itemsize)
+    print(f"{arm}: {floor.rates()}", flush=True)
+    timed_steps, timed_work = clock.steps[args.warmup:], clock.work[args.warmup:]
+    times = {key: statistics.mean(s[key] for s in timed_steps) for key in (*PHASES, "other", "step")}
+    floor_steps = [floors(floor, w, syncs=1) for w in timed_work]
+    phase_floors = {key: statistics.mean(f[key] for f in floor_steps) for key in FLOOR_PHASES}
+    phase_floors["step"] = sum(phase_floors.values())
+    return times, phase_floors
 
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="`tiny-qwen3`, a local folder, or unset: SmolLM2-135M-Instruct")
-    parser.add_argument("--steps", type=int, default=1, help="timed steps per arm (>= 1)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per arm (>= 1)")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed steps per arm first; 0 times the first step too (start-up, calibration, compile)")
     parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--lora-rank", type=int, default=16, help="the demo's LoRA rank; 0: full fine-tuning")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0.")
 
-    results = {}
+    results, floor = {}, {}
     with tempfile.TemporaryDirectory() as work_dir:
         for arm in ARMS:
-            results[arm] = run_arm(arm, args.model, work_dir, args)
+            results[arm], floor[arm] = run_arm(arm, args.model, work_dir, args)
             for key, seconds in results[arm].items():
                 print(f"{arm} {key}_s={seconds:.3f}", flush=True)
+    from triage_trl.runtime import compute_dtype_reason
+
     print(f"\n{args.prompts} prompts x {args.generations} completions x {args.max_completion_length} tokens, "
-          f"{args.steps} timed step(s) after {args.warmup} warm-up\n")
-    print("| phase | bf16 + TRL (s) | NVFP4 + TRIAGE (s) | ratio |\n|---|---|---|---|")
+          f"{args.steps} timed step(s) after {args.warmup} warm-up; compute dtype {compute_dtype_reason()}\n")
+    print("| phase | bf16 + TRL (s) | floor | / floor | NVFP4 + TRIAGE (s) | floor | / floor | NVFP4 / bf16 |\n"
+          "|---|---|---|---|---|---|---|---|")
     bf16, nvfp4 = results["bf16_trl"], results["nvfp4_triage"]
     for key in bf16:
+        cells = []
+        for arm in ARMS:
+            f = floor[arm].get(key)
+            cells += [f"{results[arm][key]:.3f}", f"{f:.3f}" if f else "-",
+                      f"{results[arm][key] / f:.2f}" if f else "-"]
         ratio = nvfp4[key] / bf16[key] if bf16[key] > 0 else float("nan")
-        print(f"| {key} | {bf16[key]:.3f} | {nvfp4[key]:.3f} | {ratio:.2f} |")
+        print(f"| {key} | {' | '.join(cells)} | {ratio:.2f} |")
     ratio = nvfp4["step"] / bf16["step"]
+    print(f"step_over_floor={nvfp4['step'] / floor['nvfp4_triage']['step']:.3f}")
     print(f"nvfp4_triage_step_over_bf16={ratio:.3f}")
     return ratio
 

@@ -1,5 +1,6 @@
 """The sampler sync (re-quantise + reload) and the sync probe as a share of one GRPO step, and the sync's peak extra
-memory, on SmolLM2-135M-Instruct (CPU, one process, NVFP4 sampler + NVFP4 learner, TRIAGE full).
+memory, on SmolLM2-135M-Instruct (CPU, one process, NVFP4 sampler + NVFP4 learner, TRIAGE full, the demo's settings
+and batch: ``triage_trl.demo.build_config``, LoRA rank 16, 2 prompts x 8 completions of 32 tokens).
 
 Trains ``--steps`` TRIAGE-GRPO steps with ``TriageGRPOTrainer`` (TRL syncs the sampler at the start of every step,
 then the trainer runs the probe) and times, inside the same run, every sync (``_load_learner_weights``: calibration
@@ -11,7 +12,7 @@ calibrates); the figures are medians over the later steps:
   with storage of their own: NVFP4 codes and scales, casts), over the learner's parameter bytes (goal: about one
   decoder layer, ``layer_share=``).
 
-Usage: ``python benchmarks/bench_sync.py [--steps 2] [--max-completion-length 32]``
+Usage: ``python benchmarks/bench_sync.py [--steps 3] [--model tiny-qwen3] [--lora-rank 16] [--nvfp4-recipe all]``
 """
 
 from __future__ import annotations
@@ -74,31 +75,37 @@ def timed(owner, name: str, seconds: list[float], *, echo: bool = True, nesting:
     setattr(owner, name, wrapper)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model", default=None, help="`tiny-qwen3`, a local folder, or unset: SmolLM2-135M-Instruct")
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=32)
-    args = parser.parse_args()
+    parser.add_argument("--lora-rank", type=int, default=16, help="the demo's LoRA rank; 0: full fine-tuning")
+    parser.add_argument("--nvfp4-recipe", default=None, help="default: the demo's (`paper`)")
+    args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is a warm-up).")
 
-    from triage_trl.models import resolve_model_path
+    from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
+    from triage_trl.demo import DEMO_DEFAULTS, build_config, demo_rewards, lora_config
+    from triage_trl.runs import resolve_model
     from triage_trl.runtime import vllm_process_settings
-    from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
-    from triage_trl.data.arith import arith_dataset
-    from triage_trl.rewards import boxed_answer_reward, digit_share_reward
+    from triage_trl.trainer import TriageGRPOTrainer
 
+    size = 8 * args.prompts * args.steps
     with tempfile.TemporaryDirectory() as out, vllm_process_settings(cpu_kv_cache_gib=1):
-        config = TriageGRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, learner_precision="nvfp4", sampler_precision="nvfp4",
-            triage_mode="full", per_device_train_batch_size=4, num_generations=4,
-            max_completion_length=args.max_completion_length, vllm_max_model_length=512, learning_rate=1e-5,
-            max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", seed=0, loss_type="dapo",
-            beta=0.0, nvfp4_calibration_prompts=4, model_init_kwargs={"dtype": torch.float32},
-            sync_probe_max_gap=2.0,  # SmolLM2-135M: NVFP4 learner vs NVFP4 sampler ~0.7-1 nat/token (as the demo)
+        config = build_config(
+            out, max_steps=args.steps, prompts_per_step=args.prompts, num_generations=args.generations,
+            max_completion_length=args.max_completion_length, temperature=DEMO_DEFAULTS["temperature"],
+            learning_rate=DEMO_DEFAULTS["learning_rate"], beta=DEMO_DEFAULTS["beta"],
+            nvfp4_recipe=args.nvfp4_recipe or DEMO_DEFAULTS["nvfp4_recipe"], generation_kwargs={"ignore_eos": True},
         )
-        trainer = TriageGRPOTrainer(model=resolve_model_path(), reward_funcs=[boxed_answer_reward, digit_share_reward],
-                                    args=config, train_dataset=arith_dataset(64, seed=0))
+        trainer = TriageGRPOTrainer(model=resolve_model(args.model, out), reward_funcs=demo_rewards(), args=config,
+                                    train_dataset=reasoning_gym_dataset(size=size, seed=TRAIN_SEED),
+                                    peft_config=lora_config(args.lora_rank),
+                                    calibration_dataset=reasoning_gym_dataset(size=size, seed=CALIBRATION_SEED))
         gen = trainer.vllm_generation
         sync_s: list[float] = []
         probe_s: list[float] = []
@@ -108,17 +115,21 @@ def main() -> None:
         storages = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
         export = gen._iter_sampler_weights
         gen._iter_sampler_weights = lambda: live.track(export(), storages)
-        trainer.train()
+        with trainer:
+            trainer.train()
 
         step_s = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
         param_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-        layer_bytes = sum(p.numel() * p.element_size() for p in trainer.model.model.layers[0].parameters())
+        layers = [m for name, m in trainer.model.named_modules() if name.endswith("layers.0")]
+        layer_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
     # One sync, one probe and one step time per step (the load at sampler start is not timed). Step 1 warms up.
     sync, probe, step = (statistics.median(x[1:]) for x in (sync_s, probe_s, step_s))
     print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f}")
     print(f"param_bytes={param_bytes} sync_peak_extra_bytes={live.peak} layer_bytes={layer_bytes}")
     print(f"sync_peak_share={live.peak / param_bytes:.4f} layer_share={layer_bytes / param_bytes:.4f}")
-    print(f"sync_share={(sync + probe) / step:.4f}")
+    share = (sync + probe) / step
+    print(f"sync_share={share:.4f}")
+    return share
 
 
 if __name__ == "__main__":

@@ -132,7 +132,8 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
 def triage_samplers(tmp_path_factory, in_process_vllm):
     """Build-once cache of ``TriageVLLMGeneration`` engines (in-process vLLM CPU, eager, 1 GiB KV cache).
 
-    ``triage_samplers(precision)`` returns a namespace with ``gen`` (the sampler), ``model`` (its bf16 learner, a
+    ``triage_samplers(precision)`` returns a namespace with ``gen`` (the sampler), ``model`` (its learner in the
+    engines' dtype, ``runtime.engine_dtype()``: bf16, float32 on CPUs without bf16 instructions; a
     tiny random Qwen3 whose ``lm_head`` is scaled, x8 for bf16 and x2 for nvfp4, so log-probs are far from
     uniform while the NVFP4 error the big logits amplify stays moderate), ``tokenizer`` and
     ``temperature`` (1.0 for bf16, 0.7 for nvfp4, so both probe-scoring paths run). ``tied=True``: the same model
@@ -150,12 +151,13 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
             from accelerate import Accelerator
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
+            from triage_trl.runtime import engine_dtype
             from triage_trl.sampler.engine import TriageVLLMGeneration
             from triage_trl.testing import save_tiny_qwen3
 
             root = tmp_path_factory.mktemp(f"sampler-{precision}{'-tied' if tied else ''}")
             src = save_tiny_qwen3(root / "src", tie_word_embeddings=tied)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=engine_dtype())
             tokenizer = AutoTokenizer.from_pretrained(src)
             with torch.no_grad():
                 model.lm_head.weight.mul_(8 if precision == "bf16" else 2)

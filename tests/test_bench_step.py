@@ -72,12 +72,19 @@ def test_timed_without_nesting_prints_inclusive_time(timed_work, capsys):
 @pytest.mark.timeout(600)
 def test_bench_step_smoke_prints_every_phase_and_the_ratio():
     cmd = [sys.executable, os.path.join(BENCHMARKS, "bench_step.py"), "--model", "tiny-qwen3", "--warmup", "0",
-           "--steps", "1", "--prompts", "1", "--generations", "2", "--max-completion-length", "4"]
+           "--steps", "1", "--prompts", "1", "--generations", "2", "--max-completion-length", "4", "--lora-rank", "4"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for arm in ("bf16_trl", "nvfp4_triage"):
         for phase in ("generation", "sync", "logprobs", "objective", "backward", "optimizer", "other", "step"):
             assert re.search(rf"^{arm} {phase}_s=-?\d+\.\d{{3}}$", done.stdout, re.M), (arm, phase)
-    last = done.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"nvfp4_triage_step_over_bf16=(\d+\.\d{3})", last)
-    assert match and float(match.group(1)) > 0, last
+    for arm in ("bf16_trl", "nvfp4_triage"):
+        assert re.search(rf"^{arm}: fp32 GEMM \d+\.\d GFLOP/s", done.stdout, re.M), arm  # the machine's rates
+    for phase in ("generation", "sync", "logprobs", "backward", "optimizer", "step"):  # measured, floor, / floor
+        assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", done.stdout,
+                         re.M), phase
+    floor_line, ratio_line = done.stdout.strip().splitlines()[-2:]
+    match = re.fullmatch(r"step_over_floor=(\d+\.\d{3})", floor_line)
+    assert match and float(match.group(1)) > 1.0, floor_line  # nothing runs below its floor
+    match = re.fullmatch(r"nvfp4_triage_step_over_bf16=(\d+\.\d{3})", ratio_line)
+    assert match and float(match.group(1)) > 0, ratio_line

@@ -62,12 +62,12 @@ def test_auto_keeps_experts_bf16_in_both_engines_and_reports_it(moe_engine):
 def test_export_generates_and_matches_the_learner(moe_engine):
     import copy
 
-    from triage_trl.sampler.vllm_engine import SAMPLER_DTYPE
+    from triage_trl.runtime import engine_dtype
 
     tokens, logprobs = _greedy(moe_engine.llm)
     assert all(len(t) == 6 for t in tokens)
-    model, tok = copy.deepcopy(moe_engine.model).to(SAMPLER_DTYPE), moe_engine.tok
-    # End to end the two engines agree only up to chaos: their bf16 GEMMs accumulate in different orders (vLLM's CPU
+    model, tok = copy.deepcopy(moe_engine.model).to(engine_dtype()), moe_engine.tok
+    # End to end the two engines agree only up to chaos: their GEMMs accumulate in different orders (vLLM's CPU
     # kernels differ by machine kind), and one ulp flips E2M1 roundings of the NVFP4 attention downstream, x20
     # logits here; measured 0.15-0.25 nats mean per completion on an AVX2 CPU. The layer-level agreement is
     # asserted in test_nvfp4_vllm.py; here the bound only separates a right export from a wrong expert layout

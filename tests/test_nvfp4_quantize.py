@@ -208,3 +208,28 @@ def test_four_over_six_never_increases_a_blocks_error():
     assert bool((err[True] <= err[False]).all()) and err[True].sum() < err[False].sum()
     assert torch.equal(_bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True, compiled=False)),
                        _bits(q.nvfp4_fake_quantize(x, pts, four_over_six=True)))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("four_over_six", [False, True])
+def test_quantize_packed_and_dequantize_packed_are_the_export_and_vllm_bit_for_bit(compiled, four_over_six):
+    """The sync's one-pass quantise-and-pack equals torchao's quantisation packed by torchao's helpers, and the
+    sampler kernel's one-pass dequantiser equals vLLM's ``dequantize_to_dtype`` (float32 and bf16), on heavy-tailed
+    weights with zero and negative-tiny blocks (signed zero codes)."""
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    from triage_trl.nvfp4.quantize import nvfp4_dequantize_packed, nvfp4_quantize_packed
+
+    w = torch.randn(96, 80, generator=torch.Generator().manual_seed(11)) ** 3
+    w[0, :16], w[1, :16] = 0.0, -1e-9
+    global_scale = nx.global_scale_from_amax(w.abs().amax())
+    q, block_scale = nx.quantize_torchao(w, 1.0 / global_scale, four_over_six)
+    packed, scale = nvfp4_quantize_packed(w, 1.0 / global_scale, four_over_six=four_over_six, compiled=compiled)
+    assert torch.equal(packed, nx.encode_e2m1(q.reshape(w.shape)))
+    assert torch.equal(scale.view(torch.uint8), block_scale.to(torch.float8_e4m3fn).view(torch.uint8))
+    multiplier = (1.0 / global_scale).reshape(1)
+    for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+        reference = dequantize_to_dtype(packed, scale, multiplier, dtype, 16, swizzle=False)
+        ours = nvfp4_dequantize_packed(packed, scale, multiplier, dtype, compiled=compiled)
+        assert torch.equal(ours.view(bits), reference.view(bits)), dtype

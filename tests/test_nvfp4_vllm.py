@@ -37,8 +37,10 @@ def _checkpoint_scale_learner(hf_dir, ckpt_dir):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from triage_trl.runtime import engine_dtype
+
     sd = load_file(ckpt_dir / "model.safetensors")
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=engine_dtype())  # as the engine computes
     convert_to_nvfp4_learner(model, NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4"))
     scales = {k.removesuffix(".input_global_scale"): v[0] for k, v in sd.items() if k.endswith(".input_global_scale")}
     assert set_sampler_input_scales(model, scales) == 14
@@ -79,9 +81,10 @@ def test_vllm_nvfp4_layers_match_the_learner_with_the_checkpoint_scales(nvfp4_vl
         x = inputs[f"{prefix}.{FUSED.get(leaf, (leaf,))[0]}"].reshape(-1, layer.input_size)
         with torch.no_grad():
             # the operands: vLLM's decoding of the checkpoint == the learner's, bit for bit
+            dtype = layer.nvfp4_dequantised.weight.dtype  # the engine's (runtime.engine_dtype)
             w_vllm = dequantize_to_dtype(layer.weight.data.view(torch.uint8), layer.weight_scale.data,
-                                         layer.weight_global_scale, torch.bfloat16, 16, swizzle=False)
-            w_learner = torch.cat([m.fake_quantized_weight() for m in members]).bfloat16()
+                                         layer.weight_global_scale, dtype, 16, swizzle=False)
+            w_learner = torch.cat([m.fake_quantized_weight() for m in members]).to(dtype)
             assert torch.equal(w_vllm, w_learner), name
             # the power-of-two activation scale: vLLM's multiplier is its divisor's exact reciprocal
             assert torch.frexp(layer.input_global_scale_inv).mantissa.item() == 0.5, name

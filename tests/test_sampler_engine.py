@@ -109,11 +109,13 @@ def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
     report = s.gen.kernel_report
     assert report["platform"] == "cpu"
     assert report["sampler_precision"] == precision
-    assert report["dtype"] == "bfloat16"
+    from triage_trl.runtime import engine_dtype
+
+    assert report["dtype"] == str(engine_dtype()).removeprefix("torch.")  # float32 on CPUs without bf16 instructions
     if precision == "nvfp4":
         assert report["linear_kernels"] == "CompressedTensorsW4A4Fp4/FastCpuNvFp4LinearKernel x8"
         assert report["activations"].startswith("nvfp4")
-        assert report["gemm"] in ("onednn_mm", "torch.matmul", "torch.matmul (float32)")
+        assert report["gemm"] in ("onednn_mm (float32)", "onednn_mm (bfloat16)", "torch.matmul", "torch.matmul (float32)")
     else:
         assert report["linear_kernels"] == "UnquantizedLinearMethod x8"
     assert s.gen.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
@@ -227,9 +229,9 @@ def test_nvfp4_reload_refreshes_fast_kernel_cache(triage_samplers):
             cached = layer.nvfp4_dequantised.weight
             packed = layer.weight.data.view(torch.uint8)
             fresh = dequantize_to_dtype(packed, layer.weight_scale.data, layer.weight_global_scale.data,
-                                        torch.bfloat16, 16, swizzle=False)
+                                        cached.dtype, 16, swizzle=False)  # the engine's dtype (runtime.engine_dtype)
             assert torch.equal(cached, fresh) and not torch.equal(cached, old)
-            x = torch.randn(5, cached.shape[1]).to(torch.bfloat16)
+            x = torch.randn(5, cached.shape[1]).to(cached.dtype)
             out, ref = layer.scheme.kernel.apply_weights(layer, x), emu.apply_weights(layer, x)
             assert bool(((out.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-3).all())
     finally:

@@ -53,6 +53,7 @@ def environment_info() -> dict[str, str]:
     info["vLLM platform"] = _probe(_vllm_platform)
     info["Native NVFP4 learner"] = _probe(_native_nvfp4)
     info["CPU bf16"] = _probe(_cpu_bf16)
+    info["CPU compute dtype"] = _probe(_cpu_compute_dtype)
     info["CPU threads"] = _probe(_threads)
     return info
 
@@ -107,6 +108,12 @@ def _cpu_bf16() -> str:
     avx512_bf16, amx = torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_amx_tile_supported()
     gemm = "AMX tiles" if amx else "AVX512-BF16 instructions" if avx512_bf16 else "converted to fp32"
     return f"AVX512-BF16 {'yes' if avx512_bf16 else 'no'}, AMX {'yes' if amx else 'no'} (oneDNN bf16 GEMMs: {gemm})"
+
+
+def _cpu_compute_dtype() -> str:
+    from .runtime import compute_dtype_reason
+
+    return compute_dtype_reason("cpu")
 
 
 def _threads() -> str:

@@ -117,6 +117,27 @@ def native_bf16_gemm(device_type: str = "cpu") -> bool:
                 or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
 
+def engine_dtype(device_type: str = "cpu") -> torch.dtype:
+    """The dtype both engines compute in on ``device_type`` when they run 16-bit on a GPU: ``torch.bfloat16`` where
+    bf16 GEMMs run natively (:func:`native_bf16_gemm`), else ``torch.float32``.
+
+    On a CPU without bf16 instructions (AVX2 only) every bf16 GEMM torch or vLLM runs is emulated, 10-500x slower than
+    float32, so there the sampler (vLLM's own layers: attention, norms, ``lm_head``; and the NVFP4 kernel's products)
+    and the learner's NVFP4 layers compute in float32. NVFP4 operands are exact in bf16, so the NVFP4 layers compute
+    the same products either way, up to the rounding of the output; the unquantised layers keep more precision.
+    """
+    return torch.bfloat16 if device_type != "cpu" or native_bf16_gemm("cpu") else torch.float32
+
+
+def compute_dtype_reason(device_type: str = "cpu") -> str:
+    """:func:`engine_dtype` on ``device_type`` and why, in words (for ``triage-trl env``, the log and the card)."""
+    if device_type != "cpu":
+        return "bfloat16 (native bf16 GEMMs)"
+    if native_bf16_gemm("cpu"):
+        return "bfloat16 (this CPU has AVX512-BF16 or AMX: native bf16 GEMMs)"
+    return "float32 (this CPU has no AVX512-BF16 or AMX: bf16 GEMMs would be emulated, 10-500x slower)"
+
+
 def _clear_vllm_env_cache() -> None:
     try:
         from vllm import envs

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime import native_bf16_gemm
+from .. import runtime
 from .numerics import check_finite, global_scale_from_amax, per_tensor_scale_from_amax
 from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
@@ -47,7 +47,7 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
             x_dq = nvfp4_fake_quantize_vllm(x, input_global_scale, compiled=compiled)
         # Operands rounded to the compute dtype; a bf16 product is formed in float32 where the CPU has no native bf16
         # GEMM (the same values up to accumulation order, 10-500x faster there), then rounded back to bf16.
-        gemm_dtype = dtype if dtype != torch.bfloat16 or native_bf16_gemm(x.device.type) else torch.float32
+        gemm_dtype = dtype if dtype != torch.bfloat16 or runtime.native_bf16_gemm(x.device.type) else torch.float32
         x_dq = x_dq.to(dtype).to(gemm_dtype)
         w = weight_dq.to(dtype).to(gemm_dtype)
         ctx.save_for_backward(x_dq, w)

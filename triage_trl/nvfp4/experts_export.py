@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import torch
 
 from .experts import CHECKPOINT_PROJECTIONS
-from .numerics import check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .numerics import check_finite, global_scale_from_amax
+from .quantize import nvfp4_quantize_packed
 
 __all__ = ["expert_checkpoint_tensor_names", "iter_expert_checkpoint_tensors"]
 
@@ -80,8 +81,7 @@ def iter_expert_checkpoint_tensors(
         amax = w.abs().amax().float().cpu()
         check_finite(amax, f"The weight of expert {e} of {projection}")
         global_scale = global_scale_from_amax(amax)  # one per expert, shared by gate and up
-        q, block_scale = quantize_torchao(w, (1.0 / global_scale).to(w.device), four_over_six)
-        codes, scales = encode_e2m1(q.reshape(w.shape)), block_scale.to(torch.float8_e4m3fn)
+        codes, scales = nvfp4_quantize_packed(w, (1.0 / global_scale).to(w.device), four_over_six=four_over_six)
         for leaf, c, s in zip(leaves, _split(projection, codes), _split(projection, scales)):
             p = f"{experts}.{e}.{leaf}"
             yield f"{p}.weight_packed", c

@@ -18,7 +18,8 @@ Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``
 power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
 The codes and block scales are torchao's quantisation (``numerics.quantize_torchao``, bit-identical to
 ``NVFP4Tensor.to_nvfp4``; its "4 over 6" block scales when the selection's ``four_over_six`` says so, the learner's
-rule too), packed with torchao's helpers (``numerics.encode_e2m1``).
+rule too), packed as torchao packs them (``numerics.encode_e2m1``), both in one compiled pass per weight
+(``quantize.nvfp4_quantize_packed``, bit-identical).
 
 Master weights are read from the model as it is: a plain transformers model, one converted by
 ``convert_to_nvfp4_learner`` (its high-precision master weights, not the fake-quantised copy),
@@ -40,7 +41,8 @@ from .experts import PROJECTIONS, iter_moe_experts
 from .experts_export import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
-from .numerics import check_finite, encode_e2m1, global_scale_from_amax, quantize_torchao
+from .numerics import check_finite, global_scale_from_amax
+from .quantize import nvfp4_quantize_packed
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
 __all__ = [
@@ -168,9 +170,10 @@ def _owning_linear(key: str, linears: Mapping[str, nn.Module]) -> str | None:
 
 def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six) -> Iterator[tuple[str, torch.Tensor]]:
     global_scale = global_scale_from_amax(w_amax)
-    q, block_scale = quantize_torchao(weight, (1.0 / global_scale).to(weight.device), four_over_six)
-    yield f"{name}.weight_packed", encode_e2m1(q.reshape(weight.shape))
-    yield f"{name}.weight_scale", block_scale.to(torch.float8_e4m3fn)
+    packed, block_scale = nvfp4_quantize_packed(weight, (1.0 / global_scale).to(weight.device),
+                                                four_over_six=four_over_six)
+    yield f"{name}.weight_packed", packed
+    yield f"{name}.weight_scale", block_scale
     yield f"{name}.weight_global_scale", global_scale.reshape(1)
     yield f"{name}.input_global_scale", input_scale.reshape(1)
 

@@ -44,11 +44,13 @@ __all__ = [
     "FP4_RANGE",
     "check_finite",
     "dynamic_per_tensor_scale",
+    "decode_packed",
     "encode_e2m1",
     "global_scale_from_amax",
     "per_tensor_scale_from_amax",
     "quant_dequant_torchao",
     "quant_dequant_vllm",
+    "quantize_pack_torchao",
     "quantize_torchao",
     "round_to_e2m1",
     "round_to_e4m3",
@@ -193,6 +195,48 @@ def encode_e2m1(q: torch.Tensor) -> torch.Tensor:
     from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
 
     return pack_uint4(f32_to_f4_unpacked(q.float().contiguous()))
+
+
+def _e2m1_codes(q: torch.Tensor) -> torch.Tensor:
+    # E2M1 value -> 4-bit code: magnitude index into E2M1_GRID (0, .5, 1, 1.5, 2 -> 2|q|; 3, 4, 6 -> 5, 6, 7), sign
+    # in bit 3 from the float's sign bit (so -0.0 -> 8, as torchao's f32_to_f4_unpacked).
+    a = torch.abs(q)
+    magnitude = torch.where(a <= 2.0, a * 2.0, torch.where(a <= 3.0, 5.0, torch.where(a <= 4.0, 6.0, 7.0)))
+    return magnitude.to(torch.uint8) | (torch.signbit(q).to(torch.uint8) << 3)
+
+
+def quantize_pack_torchao(
+    x: torch.Tensor, per_tensor_scale: torch.Tensor, four_over_six: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_torchao`` of a 2-D ``x`` [M, K] with its E2M1 values packed as ``encode_e2m1`` packs them, in one
+    elementwise pass (compiled by ``triage_trl.nvfp4.quantize.nvfp4_quantize_packed``).
+
+    Returns:
+        ``(packed, scale)``: uint8 [M, K/2] (element 2j in the low nibble, sign in bit 3) and the E4M3 block scales
+        as float32 [M, K/16], bit-identical to ``encode_e2m1(quantize_torchao(x, ...)[0])`` and its scales.
+    """
+    q, scale = quantize_torchao(x, per_tensor_scale, four_over_six)
+    codes = _e2m1_codes(q.reshape(x.shape))
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale
+
+
+def decode_packed(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """Dequantise compressed-tensors NVFP4 weights: vLLM's ``dequantize_to_dtype`` (unswizzled) in float32, op for op.
+
+    Args:
+        packed: uint8 [M, K/2], element 2j in the low nibble.
+        block_scale: float32 [M, K/16] (the E4M3 block scales, converted).
+        global_scale: 0-dim float32 *multiplier* (vLLM's ``weight_global_scale`` after loading: ``1 / divisor``).
+
+    Returns:
+        float32 [M, K]: ``e2m1(code) * (block_scale * global_scale)``, bit-identical to vLLM's.
+    """
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+    m = (codes & 0x07).float()
+    value = torch.where(m <= 4.0, m * 0.5, torch.where(m <= 5.0, 3.0, torch.where(m <= 6.0, 4.0, 6.0)))
+    value = value * torch.where((codes & 0x08) != 0, -1.0, 1.0)
+    blocks = value.reshape(packed.shape[0], -1, BLOCK_SIZE) * (block_scale * global_scale).unsqueeze(-1)
+    return blocks.reshape(packed.shape[0], -1)
 
 
 def _reciprocal(x: torch.Tensor) -> torch.Tensor:

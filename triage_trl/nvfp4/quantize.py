@@ -33,7 +33,9 @@ __all__ = [
     "nvfp4_fake_quantize",
     "nvfp4_fake_quantize_reference",
     "nvfp4_fake_quantize_vllm",
+    "nvfp4_dequantize_packed",
     "nvfp4_quantize",
+    "nvfp4_quantize_packed",
 ]
 
 
@@ -93,19 +95,24 @@ _lock = threading.Lock()
 
 def _run(fn: Callable, x: torch.Tensor, *args, compiled: bool) -> torch.Tensor:
     """``fn(x2d, *args)`` on a 2-D view of ``x``, compiled unless asked not to or compile failed here."""
-    x2d = x.reshape(-1, x.shape[-1])  # one compiled graph per dtype, whatever the batch shape
-    key = (fn.__name__, x.device.type)
+    return _run_2d(fn, x.reshape(-1, x.shape[-1]), *args, compiled=compiled).reshape(x.shape)
+
+
+def _run_2d(fn: Callable, x2d: torch.Tensor, *args, compiled: bool):
+    """``fn(x2d, *args)``, compiled (one graph per dtype, whatever the shape) unless asked not to or compile failed
+    here on this device type (then eager, with one warning)."""
+    key = (fn.__name__, x2d.device.type)
     if not compiled or key in _failed:
-        return fn(x2d, *args).reshape(x.shape)
+        return fn(x2d, *args)
     with _lock:
         kernel = _compiled.get(fn) or _compiled.setdefault(fn, torch.compile(fn, dynamic=True))
     try:
-        return kernel(x2d, *args).reshape(x.shape)
+        return kernel(x2d, *args)
     except Exception as err:  # noqa: BLE001 - decided below: the eager path on the same input tells
-        out = fn(x2d, *args).reshape(x.shape)  # bad input raises here, and nothing is switched off
+        out = fn(x2d, *args)  # bad input raises here, and nothing is switched off
         _failed[key] = f"{type(err).__name__}: {err}"
         logger.warning("torch.compile of %s failed on %s (%s); using the eager path (same bits, slower).",
-                       fn.__name__, x.device.type, _failed[key])
+                       fn.__name__, x2d.device.type, _failed[key])
         return out
 
 
@@ -149,6 +156,48 @@ def nvfp4_fake_quantize_vllm(x: torch.Tensor, global_scale: torch.Tensor, *, com
     if x.numel() == 0:
         return x.clone()
     return _run(numerics.quant_dequant_vllm, x, _scalar(global_scale, x.device), compiled=compiled)
+
+
+def nvfp4_quantize_packed(
+    weight: torch.Tensor, per_tensor_scale: torch.Tensor, *, four_over_six: bool = False, compiled: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [out, in] in compressed-tensors' NVFP4 layout, in one fused pass (the export's, at every sync).
+
+    Args:
+        weight: bfloat16/float32 [out, in], ``in`` a multiple of 16.
+        per_tensor_scale: 0-dim float32 multiplier (``1 / global_scale``).
+        four_over_six: "4 over 6" block scales (``numerics.quantize_torchao``).
+        compiled: the ``torch.compile``'d pass (default) or the same ops eagerly; the same bits.
+
+    Returns:
+        ``(weight_packed, weight_scale)``: uint8 [out, in/2] and float8_e4m3fn [out, in/16], bit-identical to
+        ``numerics.encode_e2m1(numerics.quantize_torchao(weight, ...))`` (torchao's quantisation and packing).
+
+    Raises:
+        TypeError / ValueError: unsupported dtype, not 2-D, or ``in`` not a multiple of 16.
+    """
+    _check_input(weight)
+    if weight.dim() != 2:
+        raise ValueError(f"nvfp4_quantize_packed takes a 2-D weight [out, in], got shape {tuple(weight.shape)}.")
+    packed, scale = _run_2d(numerics.quantize_pack_torchao, weight.detach(), _scalar(per_tensor_scale, weight.device),
+                            four_over_six, compiled=compiled)
+    return packed, scale.to(torch.float8_e4m3fn)
+
+
+def nvfp4_dequantize_packed(
+    packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor, dtype: torch.dtype,
+    *, compiled: bool = True,
+) -> torch.Tensor:
+    """Dequantise compressed-tensors NVFP4 weights (uint8 [out, in/2], E4M3 [out, in/16], 0-dim float32 multiplier)
+    to ``dtype`` [out, in] in one fused pass: vLLM's ``dequantize_to_dtype`` (unswizzled), bit for bit
+    (``numerics.decode_packed``)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"packed NVFP4 weights must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}.")
+    if packed.numel() == 0:
+        return torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=dtype, device=packed.device)
+    out = _run_2d(numerics.decode_packed, packed, block_scale.view(torch.float8_e4m3fn).float(),
+                  _scalar(global_scale, packed.device), compiled=compiled)
+    return out.to(dtype)
 
 
 def compile_failures() -> dict[tuple[str, str], str]:

@@ -13,15 +13,17 @@ and ``Q_dq`` vLLM's NVFP4 activation quantise-dequantise (16-element blocks, FP8
 the checkpoint's per-tensor ``input_global_scale``), but:
 
 * the weights are dequantised **once per weight load**, in ``process_weights_after_loading``, with
-  vLLM's own ``dequantize_to_dtype``. vLLM re-runs that hook for every layer on
+  vLLM's ``dequantize_to_dtype`` numerics in one compiled pass (``nvfp4.quantize.nvfp4_dequantize_packed``, bit for
+  bit). vLLM re-runs that hook for every layer on
   ``model_runner.reload_weights(..., is_checkpoint_format=True)``, so an in-place weight sync
   refreshes the cache (the cache is a plain attribute of the layer, replaced by the hook, not a
   parameter or buffer that the layerwise reload would copy back or skip);
 * the activation quantise-dequantise is one ``torch.compile``'d (fused) elementwise pass whose ops
   reproduce ``ref_nvfp4_quant_dequant`` bit for bit: the learner's own sampler-mode activation quantiser,
   ``triage_trl.nvfp4.numerics.quant_dequant_vllm``;
-* the GEMM is one bf16 oneDNN matmul on a prepacked weight (the same primitive vLLM's CPU bf16
-  linear layers use), or ``torch.matmul`` where vLLM was built without oneDNN.
+* the GEMM is one oneDNN matmul on a prepacked weight in the engine's dtype (the same primitive vLLM's CPU linear
+  layers use; float32 on CPUs without bf16 instructions, ``triage_trl.runtime.engine_dtype``), or ``torch.matmul``
+  where vLLM was built without oneDNN.
 
 Numerics against ``EmulationNvFp4LinearKernel``: the dequantised weights and the quantised
 activations are bit-identical; the only difference is the GEMM's accumulation order (oneDNN
@@ -43,11 +45,10 @@ from typing import Any
 import torch
 
 from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearKernel, NvFp4LinearLayerConfig
-from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
 
 from ..nvfp4.numerics import BLOCK_SIZE
-from ..runtime import native_bf16_gemm
-from ..nvfp4.quantize import nvfp4_fake_quantize_vllm
+from .. import runtime
+from ..nvfp4.quantize import nvfp4_dequantize_packed, nvfp4_fake_quantize_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -102,23 +103,24 @@ def _warn_once(message: str) -> None:
 
 
 def _make_gemm(weight: torch.Tensor):
-    """The bf16 GEMM against ``weight`` [out, in] (bf16-exact dequantised values), as vLLM's CPU linear does it:
-    vLLM's prepacked oneDNN matmul where this CPU multiplies bf16 natively (AVX512-BF16, AMX); elsewhere the product
+    """The GEMM against ``weight`` [out, in] (bf16-exact dequantised values, held in the engine's dtype), as vLLM's
+    CPU linear does it: vLLM's prepacked oneDNN matmul for a float32 engine (CPUs without bf16 instructions) and for
+    a bf16 engine where this CPU multiplies bf16 natively (AVX512-BF16, AMX); for a bf16 engine elsewhere the product
     of the same bf16 operands formed in float32 and rounded to bf16 (same values up to accumulation order; torch's
-    emulated bf16 GEMM is 10-500x slower there), or ``torch.matmul`` where vLLM has no oneDNN."""
+    emulated bf16 GEMM is 10-500x slower there); ``torch.matmul`` where vLLM has no oneDNN."""
     from vllm import _custom_ops as ops
 
-    if not native_bf16_gemm("cpu"):
+    if weight.dtype == torch.bfloat16 and not runtime.native_bf16_gemm("cpu"):
         weight32 = weight.float()
         return (lambda x2d: torch.matmul(x2d.float(), weight32.t()).to(weight.dtype)), "torch.matmul (float32)"
     if getattr(ops, "_supports_onednn", False):
         try:
             handler = ops.create_onednn_mm(weight.t(), 32)
         except RuntimeError as err:
-            _warn_once(f"oneDNN has no bf16 matmul here ({err}); the NVFP4 kernel uses torch.matmul.")
+            _warn_once(f"oneDNN has no {weight.dtype} matmul here ({err}); the NVFP4 kernel uses torch.matmul.")
         else:
             # The handler reads ``weight``'s memory; the dataclass keeps ``weight`` alive with it.
-            return (lambda x2d: ops.onednn_mm(handler, x2d, None)), "onednn_mm"
+            return (lambda x2d: ops.onednn_mm(handler, x2d, None)), f"onednn_mm ({str(weight.dtype)[6:]})"
     return (lambda x2d: torch.matmul(x2d, weight.t())), "torch.matmul"
 
 
@@ -154,14 +156,7 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
                 "model dtype to dequantise NVFP4 weights into. Use vLLM's linear layers."
             )
         packed = layer.weight.data.view(torch.uint8)
-        weight = dequantize_to_dtype(
-            packed,
-            layer.weight_scale.data,
-            layer.weight_global_scale.data,
-            dtype,
-            BLOCK_SIZE,
-            swizzle=False,
-        ).contiguous()
+        weight = nvfp4_dequantize_packed(packed, layer.weight_scale.data, layer.weight_global_scale.data, dtype)
         gemm, gemm_name = _make_gemm(weight)
         # A plain attribute (not a parameter/buffer): vLLM's layerwise reload re-runs this hook on
         # the same module object, which replaces it with the new weights.

@@ -43,7 +43,7 @@ from ..nvfp4.config import PRECISIONS
 from ..model_blocks import parameters_materialized
 from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
-from .vllm_engine import sampler_tensors, start_engine, write_engine_checkpoint
+from .vllm_engine import sampler_dtype, sampler_tensors, start_engine, write_engine_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class TriageVLLMGeneration(VLLMGeneration):
 
                 quantization_config = nvfp4_quantization_config(self.model, selection=self.nvfp4_selection)
             write_engine_checkpoint(self.checkpoint_dir, self.sampler_precision, (), _hf_config(self.model),
-                                    _tokenizer_of(self.processing_class), quantization_config)
+                                    _tokenizer_of(self.processing_class), quantization_config, dtype=sampler_dtype())
         self.accelerator.wait_for_everyone()
 
     def _load_learner_weights(self) -> None:
@@ -296,7 +296,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         weights = iter_checkpoint_weights(
             self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales
         )
-        yield from sampler_tensors(weights)
+        yield from sampler_tensors(weights, self.llm.llm_engine.model_config.dtype)
 
     @torch.no_grad()
     def sync_weights(self):

@@ -15,28 +15,35 @@ from typing import Literal
 
 import torch
 
-from ..runtime import environment_overrides, preserved_torch_threads
+from ..runtime import engine_dtype, environment_overrides, preserved_torch_threads
 
-SAMPLER_DTYPE = torch.bfloat16
-"""The dtype the engine computes in and holds its unquantised tensors in, on every platform, as vLLM serves models
-on GPUs. On CPUs without native bf16 GEMMs (AVX2 only) torch's emulated bf16 products are 10-500x slower; the NVFP4
-layers' own GEMMs (``cpu_kernel``) form their bf16 products in float32 there. (A float32 engine once computed
-garbage after ``reload_weights``, 8 nats of log-prob gap on SmolLM2-135M: that was the stale tied ``lm_head`` that
-``cpu_reload.refresh_cpu_lm_heads`` now repacks after every reload, not float32.)"""
+CHECKPOINT_DTYPE = torch.bfloat16
+"""The dtype of the unquantised tensors in the checkpoints written for serving (``triage-export``), as vLLM serves
+models on GPUs."""
 NVFP4CpuKernel = Literal["fast", "emulation"]
 _QUANT_SCALE_SUFFIXES = (".weight_scale", ".weight_global_scale", ".input_global_scale", ".weight_packed")
 _REGISTERED_CPU_KERNELS: set[str] = set()
 
 __all__ = [
-    "SAMPLER_DTYPE",
+    "CHECKPOINT_DTYPE",
     "finish_sampler_checkpoint",
     "inspect_kernels",
     "needs_cast",
     "sampler_tensors",
+    "sampler_dtype",
     "start_engine",
     "to_sampler_dtype",
     "write_engine_checkpoint",
 ]
+
+
+def sampler_dtype() -> torch.dtype:
+    """The dtype an engine started here computes in and holds its unquantised tensors in:
+    ``triage_trl.runtime.engine_dtype`` of vLLM's platform (bf16 on GPUs and on CPUs with AVX512-BF16 or AMX,
+    float32 on CPUs without bf16 instructions, where every bf16 GEMM is emulated)."""
+    from vllm.platforms import current_platform
+
+    return engine_dtype("cpu" if current_platform.is_cpu() else "cuda")
 
 
 def start_engine(
@@ -55,7 +62,8 @@ def start_engine(
             (:class:`~triage_trl.sampler.cpu_kernel.FastCpuNvFp4LinearKernel`) or ``"emulation"`` (vLLM's own
             ``EmulationNvFp4LinearKernel``, a reference). Both are registered through vLLM's public
             ``register_linear_kernel``; the other one is skipped through ``VLLM_DISABLED_KERNELS`` at start.
-        **llm_kwargs: ``vllm.LLM`` arguments; ours (bf16, the checkpoint's tokenizer, eager on CPU) are defaults.
+        **llm_kwargs: ``vllm.LLM`` arguments; ours (:func:`sampler_dtype`, the checkpoint's tokenizer, eager on CPU)
+            are defaults.
 
     Returns:
         ``(llm, kernel_report)``: the engine and :func:`inspect_kernels`'s report.
@@ -83,7 +91,7 @@ def start_engine(
                 "VLLM_ENABLE_V1_MULTIPROCESSING=0)."
             )
         disabled = _register_cpu_nvfp4_kernels(nvfp4_cpu_kernel)
-    kwargs = dict(model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), dtype=SAMPLER_DTYPE)
+    kwargs = dict(model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), dtype=sampler_dtype())
     if on_cpu:
         kwargs["enforce_eager"] = True
     kwargs.update(llm_kwargs)
@@ -119,9 +127,11 @@ def write_engine_checkpoint(
     config,
     tokenizer,
     quantization_config=None,
+    *,
+    dtype: torch.dtype = CHECKPOINT_DTYPE,
 ) -> Path:
     """Write the folder an engine serves: ``model.safetensors`` (floating tensors other than NVFP4 data and scales
-    in bf16), ``config.json`` (dtype bf16, and the compressed-tensors ``quantization_config`` for NVFP4) and the
+    in ``dtype``), ``config.json`` (``dtype``, and the compressed-tensors ``quantization_config`` for NVFP4) and the
     tokenizer.
 
     Args:
@@ -131,6 +141,8 @@ def write_engine_checkpoint(
         config: the model's ``PretrainedConfig``.
         tokenizer: saved alongside (``None``: not saved).
         quantization_config: compressed-tensors ``QuantizationConfig`` (required for ``"nvfp4"``).
+        dtype: of the unquantised tensors and in ``config.json`` (default :data:`CHECKPOINT_DTYPE`, bf16; the
+            sampler's structural checkpoint uses :func:`sampler_dtype`).
 
     Raises:
         ValueError: ``"nvfp4"`` without a ``quantization_config``.
@@ -141,24 +153,24 @@ def write_engine_checkpoint(
         raise ValueError("an NVFP4 engine checkpoint needs its compressed-tensors quantization_config.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in sampler_tensors(named_tensors)}
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in sampler_tensors(named_tensors, dtype)}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
     if quantization_config is not None:
         from compressed_tensors.compressors import ModelCompressor
 
         ModelCompressor(quantization_config=quantization_config).update_config(str(out))
-    finish_sampler_checkpoint(out)
+    finish_sampler_checkpoint(out, dtype)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
 
 
-def finish_sampler_checkpoint(out_dir: str | os.PathLike) -> None:
-    """Make ``config.json`` say the engine runs bf16 (vLLM reads the dtype there), and check it parses."""
+def finish_sampler_checkpoint(out_dir: str | os.PathLike, dtype: torch.dtype = CHECKPOINT_DTYPE) -> None:
+    """Make ``config.json`` say the checkpoint holds ``dtype`` (vLLM reads the dtype there), and check it parses."""
     cfg_path = Path(out_dir) / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["torch_dtype"] = cfg["dtype"] = str(SAMPLER_DTYPE).removeprefix("torch.")
+    cfg["torch_dtype"] = cfg["dtype"] = str(dtype).removeprefix("torch.")
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
@@ -171,7 +183,7 @@ def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
         checkpoint_dir: the served checkpoint, named in the error.
 
     Returns:
-        ``{"platform", "sampler_precision", "dtype", "weights", "activations", "linear_kernels"[, "gemm"][,
+        ``{"platform", "sampler_precision", "dtype" (what the engine computes in), "weights", "activations", "linear_kernels"[, "gemm"][,
         "moe_kernels"]}`` (``moe_kernels`` for MoE models: ``nvfp4.experts.vllm_moe_kernel_counts``).
 
     Raises:
@@ -195,7 +207,7 @@ def inspect_kernels(llm, precision: str, checkpoint_dir=None) -> dict[str, str]:
     report = {
         "platform": device,
         "sampler_precision": precision,
-        "dtype": str(SAMPLER_DTYPE).removeprefix("torch."),
+        "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
         "weights": weights,
         "activations": activations,
         "linear_kernels": kernels,
@@ -237,26 +249,27 @@ def _count_linear_kernels(model) -> tuple[dict[str, int], set[str]]:
     return counts, gemms
 
 
-_FLOAT_DTYPES_KEPT = (SAMPLER_DTYPE, torch.float8_e4m3fn)
-
-
-def needs_cast(name: str, tensor: torch.Tensor) -> bool:
-    """Whether a checkpoint tensor must be cast to the sampler's dtype: floating, not already bf16/fp8, and not an
-    NVFP4 scale or packed weight (which keep their own dtypes)."""
+def needs_cast(name: str, tensor: torch.Tensor, dtype: torch.dtype = CHECKPOINT_DTYPE) -> bool:
+    """Whether a checkpoint tensor must be cast to ``dtype``: floating, not already ``dtype`` or fp8, and not an NVFP4
+    scale or packed weight (which keep their own dtypes)."""
     return (
         tensor.dtype.is_floating_point
-        and tensor.dtype not in _FLOAT_DTYPES_KEPT
+        and tensor.dtype not in (dtype, torch.float8_e4m3fn)
         and not name.endswith(_QUANT_SCALE_SUFFIXES)
     )
 
 
-def to_sampler_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached copy in the sampler's dtype when floating, else the tensor itself."""
+def to_sampler_dtype(tensor: torch.Tensor, dtype: torch.dtype = CHECKPOINT_DTYPE) -> torch.Tensor:
+    """A detached copy in ``dtype`` when floating, else the tensor itself (detached, not copied, when it is already
+    ``dtype``)."""
     tensor = tensor.detach()
-    return tensor.to(SAMPLER_DTYPE) if tensor.is_floating_point() and tensor.dtype != SAMPLER_DTYPE else tensor
+    return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
 
 
-def sampler_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs as the engine stores them (floating tensors other than NVFP4 data/scales in bf16)."""
+def sampler_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype = CHECKPOINT_DTYPE
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs as an engine of ``dtype`` stores them (floating tensors other than NVFP4 data and
+    scales in ``dtype``; a float32 engine takes float32 master weights without a copy)."""
     for name, tensor in named_tensors:
-        yield name, (to_sampler_dtype(tensor) if needs_cast(name, tensor) else tensor)
+        yield name, (to_sampler_dtype(tensor, dtype) if needs_cast(name, tensor, dtype) else tensor)

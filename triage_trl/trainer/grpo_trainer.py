@@ -339,6 +339,11 @@ class TriageGRPOTrainer(GRPOTrainer):
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
+        from ..runtime import compute_dtype_reason
+
+        learner_dtype = next(self.model.parameters()).dtype
+        report["compute_dtype"] = (f"learner weights {str(learner_dtype).removeprefix('torch.')}; NVFP4 GEMMs and "
+                                   f"sampler: {compute_dtype_reason(self.accelerator.device.type)}")
         return report
 
 
