@@ -157,6 +157,34 @@ def test_tied_lm_head_serves_the_synced_embedding(triage_samplers, precision):
 
 
 @pytest.mark.slow
+def test_reload_without_the_head_refresh_serves_a_stale_tied_head(triage_samplers):
+    """The vLLM 0.31 CPU defect ``refresh_cpu_lm_heads`` works around, reproduced: after a plain ``reload_weights``
+    a tied ``lm_head`` still multiplies by its oneDNN-packed old weight (float32 engines pack it on every x86 CPU:
+    the float32 engine of AVX2-only CPUs was first thought broken after reloads for this), and the refresh puts it
+    right."""
+    from triage_trl.sampler.cpu_reload import refresh_cpu_lm_heads
+
+    s = triage_samplers("bf16", tied=True)
+    ids = s.tokenizer(PROBE)["input_ids"]
+    deltas = perturb(s.model, seed=5, chosen=lambda name: name == "model.embed_tokens.weight")
+    try:
+        s.gen.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": s.gen._iter_sampler_weights(),
+                                                           "is_checkpoint_format": True})
+        s.gen.llm.reset_prefix_cache()
+        stale = probe_gap(s, ids)
+        assert s.gen.llm.apply_model(refresh_cpu_lm_heads) == [1]
+        s.gen.llm.reset_prefix_cache()
+        refreshed = probe_gap(s, ids)
+        print(f"tied head after reload: {stale:.4f} without the refresh, {refreshed:.4f} with it")
+        assert refreshed <= GAP_BOUND["bf16"]
+        assert stale >= 2 * refreshed and stale >= refreshed + 0.2
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+    assert probe_gap(s, ids) <= GAP_BOUND["bf16"]
+
+
+@pytest.mark.slow
 def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
     """Static activation scales (calibrated once, at start): re-syncing the same weights reproduces the sampler
     bit for bit, so held-out evaluations before and after a sync compare the policy, not a recalibration."""
@@ -284,3 +312,39 @@ def test_peft_sync_sends_merged_weights(triage_samplers, precision):
         s.gen.sync_weights()
         s.gen.recalibrate_every_sync = False
     assert probe_gap(s, ids) <= GAP_BOUND[precision]
+
+
+@pytest.mark.slow
+def test_the_other_compute_dtype_path_agrees_within_the_same_bounds(tmp_path, monkeypatch, in_process_vllm):
+    """The learner-sampler agreement on the compute dtype this CPU does not choose by itself (a patched ISA probe:
+    bf16 engines on an AVX2-only CPU, float32 on one with AVX512-BF16 or AMX): an NVFP4 sampler and its learner in
+    that dtype start within the NVFP4 bound, and a sync catches a moved learner up."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from triage_trl import runtime
+    from triage_trl.testing import save_tiny_qwen3
+
+    other = not runtime.native_bf16_gemm("cpu")
+    monkeypatch.setattr(runtime, "native_bf16_gemm", lambda device_type="cpu": other)
+    dtype = runtime.engine_dtype()
+    src = save_tiny_qwen3(tmp_path / "src")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)
+    gen = TriageVLLMGeneration(model, Accelerator(cpu=True), tokenizer, sampler_precision="nvfp4",
+                               calibration_prompts=["What is 3 + 4? Let me think step by step."],
+                               checkpoint_dir=str(tmp_path / "ckpt"), max_model_length=256, max_num_seqs=8,
+                               max_completion_length=8, temperature=0.7)
+    try:
+        assert gen.kernel_report["dtype"] == str(dtype).removeprefix("torch.")
+        s = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer, temperature=0.7)
+        ids = tokenizer(PROBE)["input_ids"]
+        start_gap = probe_gap(s, ids)
+        assert start_gap <= GAP_BOUND["nvfp4"]
+        assert_sync_catches_up(s, ids, "nvfp4", perturb(model, seed=1), f"nvfp4 {dtype} (start {start_gap:.4f})")
+    finally:
+        gen.close()
