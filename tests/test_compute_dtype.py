@@ -75,3 +75,17 @@ def test_sampler_tensors_cast_only_to_the_engine_dtype():
     as_bf16 = dict(sampler_tensors(pairs, torch.bfloat16))
     assert as_bf16["a.weight"].dtype is torch.bfloat16 and as_bf16["c.weight_global_scale"].dtype is torch.float32
     assert as_bf16["b.weight_packed"] is packed
+
+
+def test_a_bf16_learner_on_a_cpu_without_bf16_instructions_is_warned_about(native_bf16, caplog):
+    import logging
+
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="triage_trl"):
+        line = runtime.check_learner_dtype(model, "cpu")
+    assert line.startswith("Compute dtype on cpu: " + ("bfloat16" if native_bf16 else "float32"))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == (0 if native_bf16 else 1)
+    caplog.clear()
+    runtime.check_learner_dtype(torch.nn.Linear(4, 4), "cpu")  # float32: nothing to warn about
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

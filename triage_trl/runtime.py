@@ -138,6 +138,23 @@ def compute_dtype_reason(device_type: str = "cpu") -> str:
     return "float32 (this CPU has no AVX512-BF16 or AMX: bf16 GEMMs would be emulated, 10-500x slower)"
 
 
+def check_learner_dtype(model: torch.nn.Module, device_type: str = "cpu") -> str:
+    """Log the compute dtype chosen for ``device_type`` (:func:`compute_dtype_reason`) and warn when ``model`` holds
+    bf16 parameters on a CPU without bf16 instructions (its unquantised GEMMs then run emulated, 10-500x slower than
+    float32: load it with ``model_init_kwargs={"dtype": "float32"}``). Returns the logged line."""
+    import logging
+
+    log = logging.getLogger("triage_trl")
+    line = f"Compute dtype on {device_type}: {compute_dtype_reason(device_type)}"
+    log.info(line)
+    if device_type == "cpu" and not native_bf16_gemm("cpu") and any(
+            p.dtype == torch.bfloat16 for p in model.parameters()):
+        log.warning("The learner holds bf16 parameters on a CPU without bf16 instructions: its bf16 GEMMs are "
+                    "emulated, 10-500x slower than float32. Load it in float32 (model_init_kwargs={'dtype': "
+                    "'float32'}); the NVFP4 layers and the sampler compute in float32 here either way.")
+    return line
+
+
 def _clear_vllm_env_cache() -> None:
     try:
         from vllm import envs

@@ -21,6 +21,7 @@ from trl import GRPOTrainer
 
 from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
+from ..runtime import check_learner_dtype, compute_dtype_reason
 from ..segments import build_newline_table, segment_ids
 from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
@@ -111,6 +112,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         if self.use_vllm:
             self.vllm_generation.on_sync = self._after_sampler_sync
         self._push_sampler_scales()
+        check_learner_dtype(self.model, self.accelerator.device.type)
 
     # ------------------------------------------------------------------ construction
 
@@ -339,11 +341,9 @@ class TriageGRPOTrainer(GRPOTrainer):
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
-        from ..runtime import compute_dtype_reason
-
         learner_dtype = next(self.model.parameters()).dtype
         report["compute_dtype"] = (f"learner weights {str(learner_dtype).removeprefix('torch.')}; NVFP4 GEMMs and "
-                                   f"sampler: {compute_dtype_reason(self.accelerator.device.type)}")
+                                   f"sampler: {compute_dtype_reason(self.accelerator.device.type)}")  # runtime.engine_dtype
         return report
 
 
