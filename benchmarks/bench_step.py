@@ -148,7 +148,7 @@ def run_arm(arm: str, model: str | None, work_dir: str, args) -> tuple[dict[str,
         f"{work_dir}/{arm}", max_steps=args.warmup + args.steps, prompts_per_step=args.prompts,
         num_generations=args.generations, max_completion_length=args.max_completion_length,
         temperature=DEMO_DEFAULTS["temperature"], learning_rate=DEMO_DEFAULTS["learning_rate"],
-        nvfp4_recipe=DEMO_DEFAULTS["nvfp4_recipe"], beta=DEMO_DEFAULTS["beta"],
+        nvfp4_recipe=args.nvfp4_recipe, beta=DEMO_DEFAULTS["beta"],
         generation_kwargs={"ignore_eos": True}, **ARMS[arm],
     )
     size = 8 * args.prompts * (args.warmup + args.steps)
@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=32)
     parser.add_argument("--lora-rank", type=int, default=16, help="the demo's LoRA rank; 0: full fine-tuning")
+    parser.add_argument("--nvfp4-recipe", default="paper",
+                        help="the demo's `paper`; `all` for a model too small to keep boundary blocks (tiny-qwen3)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0.")
