@@ -143,3 +143,25 @@ def format_mean_std(values: list[float], fmt: str = ".3f") -> str:
     if n == 1:
         return format(mean, fmt)
     return f"{format(mean, fmt)} ± {format(std, fmt)}"
+
+
+WEIGHT_KEY = "triage/weight_mean"
+"""The logged mean TRIAGE weight over a step's valid tokens (in diagnose mode: what full mode would apply)."""
+
+
+def mean_triage_weight(history: list[dict]) -> float:
+    """The effective-step control's learning-rate scale: the mean over training steps of ``triage/weight_mean``.
+
+    Each step's value is the mean TRIAGE weight over that step's valid tokens (the trainer's ``triage/weight_mean``),
+    so the product with the learning rate is, step by step on average, the size of TRIAGE's policy-gradient step
+    relative to naive's (the weights multiply the per-token loss before TRL's token-mean aggregation).
+
+    Raises:
+        ValueError: no training step logged a finite ``triage/weight_mean`` (the run has not trained).
+    """
+    _, values = step_series(history, WEIGHT_KEY)
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        raise ValueError(f"The run logged no finite {WEIGHT_KEY!r} on a training step: it has not trained. Run it "
+                         "to the end first.")
+    return statistics.fmean(values)
