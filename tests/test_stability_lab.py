@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_setting_arguments, build_trainer_config, plan_runs,
-                                    resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
+from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_setting_arguments, build_trainer_config,
+                                    plan_runs, resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
                                     run_metrics)
 from triage_trl.lab.summarize import dose_report, load_runs, observations, summarize
