@@ -182,14 +182,17 @@ def rescore(trainer, batch: dict, temperature: float) -> tuple[torch.Tensor, tor
 
 
 def heldout_items(trainer, held_out, train, limit: int) -> dict:
-    """Left-padded prompts + right-padded reference completions of held-out items not among the training items."""
+    """Left-padded prompts + right-padded reference completions of the distinct held-out items that are not among
+    the training items (the task's small item space repeats items: each counts once), at most ``limit``."""
     tokenizer = trainer.processing_class
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     seen = {json.dumps(p, sort_keys=True) for p in train["prompt"]}
     prompts, refs = [], []
     for row in held_out:
-        if json.dumps(row["prompt"], sort_keys=True) in seen:
+        key = json.dumps(row["prompt"], sort_keys=True)
+        if key in seen:
             continue
+        seen.add(key)
         ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
         refs.append(tokenizer(REFERENCE_TEMPLATE.format(answer=row["answer"]), add_special_tokens=False)["input_ids"])
