@@ -153,7 +153,9 @@ def learner_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     out = []
     for start in range(0, input_ids.size(0), rows):
         ids, attention = input_ids[start:start + rows], attention_mask[start:start + rows]
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, -keep - 1:-1].float() / temperature
+        # logits_to_keep: the LM head runs only on the positions that predict the kept tokens
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits
+        logits = logits[:, -keep - 1:-1].float() / temperature
         out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -keep:, None]).squeeze(-1))
     return torch.cat(out)
 

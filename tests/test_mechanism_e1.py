@@ -172,3 +172,21 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     assert "resuming at batch 1" in more.stdout
     assert {p.name for p in (run / "results").iterdir()} == results | {"b001_naive.json", "b001_tis.json"}
     assert json.loads((run / "progress.json").read_text()) == {"next_batch": 2}
+
+
+def test_learner_logps_match_the_full_forward(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from triage_trl.testing import save_tiny_qwen3
+
+    save_tiny_qwen3(tmp_path / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float32)
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (5, 20), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    attention[0, :3] = 0  # a left-padded prompt
+    got = _script().learner_logps(model, ids, attention, 7, 0.7, rows=2)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, -8:-1] / 0.7
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[:, -7:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
