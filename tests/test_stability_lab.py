@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from triage_trl.lab.configs import (CONFIGS, DOSES, SCALES, add_setting_arguments, build_trainer_config, plan_runs,
-                                    resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
-from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, reward_auc, run_metrics)
+from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_setting_arguments, build_trainer_config,
+                                    plan_runs, resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
+from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
+                                    run_metrics)
 from triage_trl.lab.summarize import dose_report, load_runs, observations, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,8 +33,9 @@ def _lab_module():
 # ---------------------------------------------------------------- registry and settings
 
 def test_registry_order_and_names():
-    assert list(CONFIGS)[:5] == ["bf16", "nvfp4_naive", "nvfp4_tis", "nvfp4_seq_mask", "triage"]
-    assert list(CONFIGS)[5:] == ["triage_no_rebalance", "triage_no_repair", "triage_repair_mask", "triage_scope_tail",
+    assert list(CONFIGS)[:9] == ["bf16", "nvfp4_naive", "nvfp4_tis", "nvfp4_seq_mask", "nvfp4_opsm", "triage",
+                                 "direction_blind", "effective_step", "bf16_learner_nvfp4_sampler"]
+    assert list(CONFIGS)[9:] == ["triage_no_rebalance", "triage_no_repair", "triage_repair_mask", "triage_scope_tail",
                                  "triage_fixed_segments"]
     assert all(c.description for c in CONFIGS.values())
 
@@ -52,6 +54,9 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
         assert config.triage_mode in ("diagnose", "full") and config.seed == 1
         assert config.max_steps == settings["max_steps"] and config.learning_rate == settings["learning_rate"]
         assert config.per_device_train_batch_size == settings["prompts_per_step"] * settings["num_generations"]
+        if name == "bf16_learner_nvfp4_sampler":
+            assert (config.learner_precision, config.sampler_precision) == ("bf16", "nvfp4")
+            continue
         expected = "bf16" if name == "bf16" else "nvfp4"
         assert config.learner_precision == config.sampler_precision == expected
     assert not built["bf16"].vllm_importance_sampling_correction
@@ -65,6 +70,16 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
             seq.vllm_importance_sampling_clip_max, seq.vllm_importance_sampling_clip_min) \
         == (True, "sequence_mask", 3.0, None)
     assert "sequence_mask" in CONFIGS["nvfp4_seq_mask"].description and "3.0" in CONFIGS["nvfp4_seq_mask"].description
+    assert built["nvfp4_opsm"].off_policy_mask_threshold == OPSM_THRESHOLD == 0.5
+    assert all(built[n].off_policy_mask_threshold is None for n in CONFIGS if n != "nvfp4_opsm")
+    for name in ("nvfp4_opsm", "effective_step", "bf16_learner_nvfp4_sampler"):  # plain GRPO loss, TRIAGE measures
+        assert built[name].triage_mode == "diagnose" and not built[name].vllm_importance_sampling_correction, name
+    blind = built["direction_blind"]
+    assert (blind.triage_mode, blind.triage_direction, blind.vllm_importance_sampling_correction) \
+        == ("full", "blind", False)
+    assert all(built[n].triage_direction == "aware" for n in CONFIGS if n != "direction_blind")
+    assert CONFIGS["effective_step"].learning_rate_from == "triage"
+    assert list(CONFIGS).index("triage") < list(CONFIGS).index("effective_step")  # seed-major: triage runs first
     full = [n for n in CONFIGS if n.startswith("triage")]
     assert all(built[n].triage_mode == "full" and not built[n].vllm_importance_sampling_correction for n in full)
     assert built["triage_no_rebalance"].triage_rebalance_floor == 1.0
@@ -91,6 +106,33 @@ def test_doses_set_the_nvfp4_recipe_and_bf16_takes_none(tmp_path):
         build_trainer_config("bf16", settings, str(tmp_path / "y"), seed=0, dose="paper")
     with pytest.raises(KeyError, match="Unknown dose 'huge'"):
         build_trainer_config("triage", settings, str(tmp_path / "z"), seed=0, dose="huge")
+
+
+def test_effective_step_learning_rate_is_scaled_by_the_triage_runs_mean_weight(tmp_path):
+    from triage_trl.lab.worker import RUN_SUMMARY, learning_rate_scale
+
+    history = [{"step": 1, "reward": 0.5, "triage/weight_mean": 0.9}, {"step": 1, "train_runtime": 3.0},
+               {"step": 2, "reward": 0.4, "triage/weight_mean": 0.7}]
+    assert mean_triage_weight(history) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="has not trained"):
+        mean_triage_weight([{"step": 1, "train_runtime": 3.0}])
+    lab = tmp_path / "lab"
+    own = run_path(str(lab), "effective_step", 1, "stress")
+    with pytest.raises(FileNotFoundError, match="run it first"):
+        learning_rate_scale(own, "triage", 1, "stress")
+    ref = run_path(str(lab), "triage", 1, "stress")
+    os.makedirs(ref)
+    with open(os.path.join(ref, "log_history.jsonl"), "w") as f:
+        f.writelines(json.dumps(h) + "\n" for h in history)
+    with open(os.path.join(ref, RUN_SUMMARY), "w") as f:
+        json.dump({"status": "ok"}, f)
+    scale = learning_rate_scale(own, "triage", 1, "stress")
+    assert scale == pytest.approx(0.8)
+    settings = scale_preset("cpu")
+    config = build_trainer_config("effective_step", settings, own, seed=1, dose="stress", learning_rate_scale=scale)
+    assert config.learning_rate == pytest.approx(0.8 * settings["learning_rate"])
+    with pytest.raises(ValueError, match="learning_rate_scale"):
+        build_trainer_config("effective_step", settings, own, seed=1, dose="stress", learning_rate_scale=0.0)
 
 
 def test_plan_runs_every_nvfp4_configuration_at_each_dose_ablations_at_one():

@@ -17,11 +17,13 @@ GapSign = Literal[1, -1]
 SegmentMode = Literal["newline", "fixed"]
 RebalanceScope = Literal["segment", "tail"]
 RepairMode = Literal["excess_is", "mask", "none"]
+Direction = Literal["aware", "blind"]
 
 TRIAGE_MODES = get_args(TriageMode)
 SEGMENT_MODES = get_args(SegmentMode)
 REBALANCE_SCOPES = get_args(RebalanceScope)
 REPAIR_MODES = get_args(RepairMode)
+DIRECTIONS = get_args(Direction)
 
 
 @dataclass(kw_only=True)  # keyword-only: TriageGRPOConfig keeps TRL's positional output_dir first
@@ -102,6 +104,15 @@ class TriageConfig:
         default=2.0,
         metadata={"help": "Bound C of the repair weight, which stays in [1/C, C]; >= 1."},
     )
+    triage_direction: Direction = field(
+        default="aware",
+        metadata={
+            "help": "`aware`: TRIAGE as specified. `blind`: a control, not an objective to train with: every token "
+            "TRIAGE reweights (the rebalanced hot segments, any quadrant, and the repaired tokens) gets one common "
+            "weight, the mean of TRIAGE's weights over those tokens, so the direction is ignored while the "
+            "tokens touched and the mean weight stay TRIAGE's (docs/objective.md, 'Direction-blind control')."
+        },
+    )
     triage_nonfinite_max_frac: float = field(
         default=0.01,
         metadata={
@@ -120,6 +131,7 @@ class TriageConfig:
         _choice("triage_segment_mode", self.triage_segment_mode, SEGMENT_MODES)
         _choice("triage_rebalance_scope", self.triage_rebalance_scope, REBALANCE_SCOPES)
         _choice("triage_repair_mode", self.triage_repair_mode, REPAIR_MODES)
+        _choice("triage_direction", self.triage_direction, DIRECTIONS)
         if self.triage_gap_sign not in (1, -1) or isinstance(self.triage_gap_sign, bool):
             raise ValueError(f"triage_gap_sign={self.triage_gap_sign!r} is invalid: it must be 1 or -1.")
         _in_range("triage_tail_quantile", self.triage_tail_quantile, 0.0, 1.0, "in (0, 1)", lo_open=True, hi_open=True)

@@ -25,17 +25,30 @@ from dataclasses import dataclass, field
 
 NVFP4 = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
 TRIAGE_FULL = {**NVFP4, "triage_mode": "full"}
+NAIVE = {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}
+OPSM_THRESHOLD = 0.5
+"""``off_policy_mask_threshold`` of ``nvfp4_opsm`` (nats/token): DeepSeek-V3.2's delta, TRL's documented example
+value. A negative-advantage completion is dropped when its mean sampler-over-learner log-ratio exceeds it. That mean
+estimates the per-token KL(sampler || learner), which k3 also estimates: 0.09-0.25 nats/token at the ``stress`` dose,
+0.01-0.05 at ``paper`` (docs/stability.md). At 0.5 OPSM drops the completions whose mismatch is 2-5x the ``stress``
+dose's average, the sequence-level tail (the analogue of TRIAGE's NA tail), and almost none at ``paper``; a
+threshold near the average would drop most negative completions and turn OPSM into positive-only training."""
 
 
 @dataclass(frozen=True)
 class LabConfig:
     """One configuration of the lab: ``overrides`` are ``TriageGRPOConfig`` fields (they win over the demo's);
-    an ``ablation`` runs only at the lab's ``ablation_dose``."""
+    an ``ablation`` runs only at the lab's ``ablation_dose``; ``learning_rate_from`` names the run that scales
+    the learning rate (the effective-step control)."""
 
     name: str
     description: str
     overrides: dict = field(default_factory=dict)
     ablation: bool = False
+    learning_rate_from: str | None = None
+    """A configuration whose run (same dose, same seed, same lab folder) sets this one's learning rate: the scale's
+    learning rate times that run's mean TRIAGE weight (:func:`triage_trl.lab.metrics.mean_triage_weight`). That run
+    must have finished first (it comes earlier in the registry, so a seed-major lab runs it first)."""
 
     @property
     def uses_nvfp4(self) -> bool:
@@ -68,7 +81,7 @@ _REGISTRY = [
                "vllm_importance_sampling_correction": False}),
     LabConfig("nvfp4_naive", "(b) NVFP4 sampler + NVFP4 learner, no correction: plain GRPO loss (diagnose: TRIAGE "
               "only measures; the run for the paper's observations)",
-              {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}),
+              dict(NAIVE)),
     LabConfig("nvfp4_tis", "(c) NVFP4 + TRL token-level truncated importance sampling: ratio "
               "exp(learner - sampler log-prob) per token, clipped at 2.0 (token_truncate, clip_max=2)",
               {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": True,
@@ -77,8 +90,22 @@ _REGISTRY = [
               "exp(sum of per-token log-ratios) zeroes a completion above clip_max=3.0 (clip_min unset: no lower "
               "bound)",
               {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": True}),
+    LabConfig("nvfp4_opsm", f"(f) NVFP4 + TRL 1.16's off-policy sequence masking (DeepSeek-V3.2's OPSM): a "
+              f"completion with a negative advantage is dropped when its mean sampler-over-learner log-ratio exceeds "
+              f"off_policy_mask_threshold={OPSM_THRESHOLD} nats/token (the NA quadrant at sequence level)",
+              {**NAIVE, "off_policy_mask_threshold": OPSM_THRESHOLD}),
     LabConfig("triage", "(e) NVFP4 + TRIAGE full: classify, diagnose hot segments, rebalance, bounded repair "
               "(spec defaults)", dict(TRIAGE_FULL)),
+    LabConfig("direction_blind", "(g) control: TRIAGE's tokens (hot segments, repaired tokens) reweighted "
+              "regardless of quadrant, each by TRIAGE's mean weight over them (triage_direction='blind'): same "
+              "tokens, same mean weight, no direction", {**TRIAGE_FULL, "triage_direction": "blind"}),
+    LabConfig("effective_step", "(h) control: naive NVFP4 at the learning rate times the mean TRIAGE weight "
+              "(triage/weight_mean over the steps) of the triage run of the same dose and seed", dict(NAIVE),
+              learning_rate_from="triage"),
+    LabConfig("bf16_learner_nvfp4_sampler", "(i) full-precision learner (float32 on CPU, bf16 on GPU) + NVFP4 "
+              "sampler, plain GRPO loss: QUADS's configuration; the learner's own weights carry no quantisation "
+              "cost", {"learner_precision": "bf16", "sampler_precision": "nvfp4", "triage_mode": "diagnose",
+                       "vllm_importance_sampling_correction": False}),
     LabConfig("triage_no_rebalance", "(e) without rebalancing: triage_rebalance_floor=1.0 makes beta = 1 (no "
               "dedicated switch); repair unchanged", {**TRIAGE_FULL, "triage_rebalance_floor": 1.0}, ablation=True),
     LabConfig("triage_no_repair", "(e) without repair: triage_repair_mode='none'; rebalancing unchanged",
@@ -224,7 +251,7 @@ def scale_preset(scale: str) -> dict:
 
 
 def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, trainer_overrides: dict | None = None,
-                         dose: str | None = None):
+                         dose: str | None = None, learning_rate_scale: float = 1.0):
     """The ``TriageGRPOConfig`` of configuration ``name`` at ``dose`` for one run.
 
     Args:
@@ -233,6 +260,7 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
         trainer_overrides: the scale's extra ``TriageGRPOConfig`` fields (e.g. the GPU preset's); the
             configuration's own overrides win over them, the dose's over both.
         dose: a :data:`DOSES` name; required for an NVFP4 configuration, refused for the others.
+        learning_rate_scale: multiplies the settings' learning rate (the effective-step control's scale), > 0.
 
     Raises:
         KeyError: unknown configuration or dose; ValueError: a missing or superfluous dose, or a combination
@@ -244,11 +272,14 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
     if config.uses_nvfp4 != (dose is not None):
         need = "needs a dose" if config.uses_nvfp4 else "runs no NVFP4 and takes no dose"
         raise ValueError(f"Configuration {name!r} {need} (got dose={dose!r}).")
+    if not learning_rate_scale > 0:
+        raise ValueError(f"learning_rate_scale={learning_rate_scale!r} must be > 0.")
     overrides = {**(trainer_overrides or {}), **config.overrides, **(lab_dose(dose).overrides if dose else {})}
     return build_config(
         output_dir, seed=seed,
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
-                                    "temperature", "learning_rate")},
+                                    "temperature")},
+        learning_rate=settings["learning_rate"] * learning_rate_scale,
         **overrides,
     )
 
@@ -318,3 +349,9 @@ PLAN_FILE = "lab.json"
 def run_path(lab_dir: str, config: str, seed: int, dose: str | None = None) -> str:
     """The folder of one run: ``LAB_DIR/runs/<config>@<dose>/seed<seed>`` (``runs/<config>/...`` without a dose)."""
     return os.path.join(lab_dir, "runs", run_label(config, dose), f"seed{seed}")
+
+
+def sibling_run_path(run_dir: str, config: str, seed: int, dose: str | None = None) -> str:
+    """The folder of run ``(config, dose, seed)`` in the lab that holds ``run_dir`` (a :func:`run_path`)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), run_label(config, dose),
+                        f"seed{seed}")

@@ -143,3 +143,137 @@ def format_mean_std(values: list[float], fmt: str = ".3f") -> str:
     if n == 1:
         return format(mean, fmt)
     return f"{format(mean, fmt)} ± {format(std, fmt)}"
+
+
+WEIGHT_KEY = "triage/weight_mean"
+"""The logged mean TRIAGE weight over a step's valid tokens (in diagnose mode: what full mode would apply)."""
+
+
+def mean_triage_weight(history: list[dict]) -> float:
+    """The effective-step control's learning-rate scale: the mean over training steps of ``triage/weight_mean``.
+
+    Each step's value is the mean TRIAGE weight over that step's valid tokens (the trainer's ``triage/weight_mean``),
+    so the product with the learning rate is, step by step on average, the size of TRIAGE's policy-gradient step
+    relative to naive's (the weights multiply the per-token loss before TRL's token-mean aggregation).
+
+    Raises:
+        ValueError: no training step logged a finite ``triage/weight_mean`` (the run has not trained).
+    """
+    _, values = step_series(history, WEIGHT_KEY)
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        raise ValueError(f"The run logged no finite {WEIGHT_KEY!r} on a training step: it has not trained. Run it "
+                         "to the end first.")
+    return statistics.fmean(values)
+
+
+# ---------------------------------------------------------------- cost / gain / stability (pre-registered rules)
+
+COLLAPSE_REWARD_WINDOW = 10
+"""Pre-registered collapse rule (docs/stability.md, "Pre-registered collapse rule"), part 1: the moving mean of the
+training reward over this many steps..."""
+COLLAPSE_REWARD_DROP = 0.2
+"""...falls at least this far below its running peak and is still that far below it at the last step."""
+COLLAPSE_K3_FACTOR = 5.0
+"""Part 2: a step's learner-sampler k3 is >= this x the mean k3 of the first ``COLLAPSE_K3_BASELINE_STEPS`` steps."""
+COLLAPSE_K3_BASELINE_STEPS = 10
+"""The steps whose mean k3 is the baseline of part 2 (k3 is judged only from the step after them)."""
+
+
+def paired_bootstrap(differences: list[float], *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """Mean of paired differences with a percentile bootstrap interval (resampling the pairs).
+
+    Args:
+        differences: one value per pair (per batch, per (seed, item), ...); NaNs are dropped.
+        n_boot: bootstrap resamples; level: interval coverage; seed: resampling seed (reproducible).
+
+    Returns:
+        ``{"mean", "low", "high", "n"}``; ``low``/``high`` are NaN with fewer than 2 pairs.
+    """
+    import random
+
+    values = [v for v in differences if not math.isnan(v)]
+    n = len(values)
+    if n == 0:
+        return {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(n_boot))
+    tail = (1.0 - level) / 2.0
+    low = means[min(n_boot - 1, int(math.floor(tail * n_boot)))]
+    high = means[min(n_boot - 1, int(math.ceil((1.0 - tail) * n_boot)) - 1)]
+    return {"mean": mean, "low": low, "high": high, "n": n}
+
+
+def step0_cost(step0_accuracy: float, reference_step0_accuracy: float) -> float:
+    """The quantisation's step-0 cost: the reference's (bf16's) held-out accuracy at step 0 minus the run's, before
+    any update (no objective can change it)."""
+    return reference_step0_accuracy - step0_accuracy
+
+
+def training_gain(step0_correct: list[list[int]], final_correct: list[list[int]], **bootstrap) -> dict:
+    """The training gain, final - step 0 held-out accuracy, paired by item: per seed a list of 0/1 per item, the
+    same items at both steps; the bootstrap resamples the (seed, item) pairs (:func:`paired_bootstrap`).
+
+    Raises:
+        ValueError: the two lists differ in seeds or items.
+    """
+    if len(step0_correct) != len(final_correct) or any(len(a) != len(b) for a, b in zip(step0_correct, final_correct)):
+        raise ValueError("step0_correct and final_correct need the same seeds and items (one 0/1 per item).")
+    pairs = [float(f) - float(s) for seeds in zip(step0_correct, final_correct) for s, f in zip(*seeds)]
+    return paired_bootstrap(pairs, **bootstrap)
+
+
+def k3_log_slope(steps: list[int], k3: list[float]) -> float:
+    """Stability trend: least-squares slope of ln k3 over optimizer steps (per step; 0.01 = +1%/step). Steps with a
+    non-finite or non-positive k3 are left out; NaN with fewer than 2 steps left."""
+    points = [(s, math.log(v)) for s, v in zip(steps, k3) if math.isfinite(v) and v > 0]
+    if len(points) < 2:
+        return math.nan
+    mean_s = statistics.fmean(s for s, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    var = sum((s - mean_s) ** 2 for s, _ in points)
+    return sum((s - mean_s) * (y - mean_y) for s, y in points) / var if var else math.nan
+
+
+def collapse_by_rule(rewards: list[float], k3: list[float], grad_norms: list[float]) -> dict:
+    """The pre-registered collapse rule over one run's per-step series (same length, step order). Collapsed when any
+    of: (1) the :data:`COLLAPSE_REWARD_WINDOW`-step moving mean reward falls >= :data:`COLLAPSE_REWARD_DROP` below
+    its running peak and is still >= that far below the peak at the last step (no recovery); (2) k3 >=
+    :data:`COLLAPSE_K3_FACTOR` x the mean k3 of the first :data:`COLLAPSE_K3_BASELINE_STEPS` steps, at a later step;
+    (3) a non-finite grad norm.
+
+    Returns:
+        ``{"collapsed": bool, "reason": "reward" | "k3" | "grad_norm" | None, "step": 1-based index of the first
+        step that met a criterion (for "reward": where the drop was first reached) or None}``; the earliest
+        criterion wins.
+    """
+    found = []
+    for i, g in enumerate(grad_norms):
+        if not math.isfinite(g):
+            found.append((i + 1, "grad_norm"))
+            break
+    if len(k3) > COLLAPSE_K3_BASELINE_STEPS:
+        base = [v for v in k3[:COLLAPSE_K3_BASELINE_STEPS] if math.isfinite(v)]
+        if base and statistics.fmean(base) > 0:
+            limit = COLLAPSE_K3_FACTOR * statistics.fmean(base)
+            for i in range(COLLAPSE_K3_BASELINE_STEPS, len(k3)):
+                if not math.isfinite(k3[i]) or k3[i] >= limit:
+                    found.append((i + 1, "k3"))
+                    break
+    w = COLLAPSE_REWARD_WINDOW
+    if len(rewards) >= w:
+        moving = [statistics.fmean(rewards[i - w + 1:i + 1]) for i in range(w - 1, len(rewards))]
+        peak, first_drop = -math.inf, None
+        for j, m in enumerate(moving):
+            peak = max(peak, m)
+            if first_drop is None and m <= peak - COLLAPSE_REWARD_DROP:
+                first_drop = j + w
+        if first_drop is not None and moving[-1] <= max(moving) - COLLAPSE_REWARD_DROP:
+            found.append((first_drop, "reward"))
+    if not found:
+        return {"collapsed": False, "reason": None, "step": None}
+    step, reason = min(found)
+    return {"collapsed": True, "reason": reason, "step": step}

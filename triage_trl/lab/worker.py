@@ -27,10 +27,12 @@ import shutil
 import time
 import traceback
 
-from ..run_logs import LOG_HISTORY
+from ..run_logs import LOG_HISTORY, read_log_history
 from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
 from ..runtime import vllm_process_settings
-from .configs import SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings
+from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
+                      run_label, sibling_run_path)
+from .metrics import mean_triage_weight
 
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
@@ -65,6 +67,22 @@ def load_datasets(settings: dict, seed: int, calibration_size: int):
                 gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
                 gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
     raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
+
+
+def learning_rate_scale(run_dir: str, reference: str, seed: int, dose: str | None) -> float:
+    """The effective-step control's learning-rate scale: the mean ``triage/weight_mean`` of run ``(reference, dose,
+    seed)`` of the same lab folder (:func:`triage_trl.lab.metrics.mean_triage_weight`).
+
+    Raises:
+        FileNotFoundError: that run has no finished log (the message names the command that makes it).
+        ValueError: it logged no training step.
+    """
+    ref_dir = sibling_run_path(run_dir, reference, seed, dose)
+    if not os.path.exists(os.path.join(ref_dir, RUN_SUMMARY)):
+        raise FileNotFoundError(
+            f"The effective-step control needs the finished run {run_label(reference, dose)} seed {seed} of the same "
+            f"lab ({ref_dir}): run it first (--configs {reference} ... in the same --output-dir).")
+    return mean_triage_weight(read_log_history(ref_dir))
 
 
 def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | None = None) -> dict:
@@ -102,7 +120,12 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         with vllm_process_settings():
             model_path = resolve_model(settings.get("model"), run_dir)
             summary["model"] = model_path
-            args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose)
+            scale = 1.0
+            if config.learning_rate_from:
+                scale = learning_rate_scale(run_dir, config.learning_rate_from, seed, dose)
+                summary["learning_rate_scale"] = {"from": run_label(config.learning_rate_from, dose), "scale": scale}
+            args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose,
+                                        learning_rate_scale=scale)
             train, held_out, calibration = load_datasets(settings, seed, args.nvfp4_calibration_prompts)
             trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
                                         train_dataset=train, calibration_dataset=calibration,

@@ -13,6 +13,7 @@ import torch
 
 from ..triage_config import TriageConfig
 from . import steps
+from .controls import direction_blind_weights, touched_tokens
 from .metrics import Diagnosis, triage_metrics
 
 
@@ -44,6 +45,9 @@ def triage_weights(
     zero_signal: torch.Tensor | None = None,
 ) -> TriageResult:
     """TRIAGE's per-token weights and metrics for one micro-batch (steps 1-7 and 9).
+
+    With ``config.triage_direction="blind"`` the ``full`` weights are those of the direction-blind control
+    (:func:`triage_trl.objective.controls.direction_blind_weights`); the metrics then describe them.
 
     Args:
         old_logps: (B, T) learner log-probs (nats) of the sampled tokens at rollout time (TRL's
@@ -96,6 +100,10 @@ def triage_weights(
         config.triage_severe_gap, config.triage_repair_clip,
     )
     weights = steps.drop_unmeasured(weights, gap.nonfinite)
+    if config.triage_direction == "blind":
+        touched = touched_tokens(diagnosed.mask_f, diagnosed.advantages, diagnosis.segments.in_hot, diagnosis.tail,
+                                 rebalance.tokens is not None, config.triage_rebalance_scope, severe)
+        weights, _ = direction_blind_weights(weights, touched)
 
     metrics = triage_metrics(gap, diagnosis, rebalance, severe, weights)
     if config.triage_mode == "diagnose":

@@ -1,0 +1,107 @@
+"""The lab's null models (docs/stability.md, "Null models") and the pre-registered cost / gain / stability rules."""
+
+import math
+
+import pytest
+import torch
+
+from triage_trl.lab.metrics import (COLLAPSE_K3_FACTOR, collapse_by_rule, k3_log_slope, paired_bootstrap, step0_cost,
+                                    training_gain)
+from triage_trl.lab.null_models import na_share, na_share_null, tail_concentration_null, top_decile_share
+
+
+def _sampled_batch(B=32, T=24, seed=0, noise=0.5):
+    """Completions drawn from a noisy sampler: on sampled tokens the gap tends negative whatever the advantages."""
+    g = torch.Generator().manual_seed(seed)
+    learner_logits = torch.randn(B, T, 16, generator=g)
+    sampler_logits = learner_logits + noise * torch.randn(B, T, 16, generator=g)
+    tokens = torch.distributions.Categorical(logits=sampler_logits).sample()
+    learner = torch.log_softmax(learner_logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    sampler = torch.log_softmax(sampler_logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    return learner, sampler
+
+
+def test_na_share_hand_computed():
+    gap = torch.tensor([[-1.0, 1.0, -1.0], [1.0, -1.0, 0.5]])
+    adv = torch.tensor([[-1.0], [1.0]])
+    tail = torch.tensor([[True, True, True], [True, True, False]])
+    # NA: row 0 negative gaps (2); PA: row 1 positive gaps in the tail (1)
+    assert na_share(gap, adv, tail) == pytest.approx(2 / 3)
+    assert math.isnan(na_share(gap, adv, torch.zeros_like(tail)))
+
+
+def test_na_excess_from_sampling_alone_is_not_significant():
+    torch.manual_seed(0)
+    learner, sampler = _sampled_batch()
+    assert float((learner - sampler).mean()) < 0  # the gap on sampled tokens is minus a KL on average
+    adv = torch.randn(32)  # advantages unrelated to the gaps
+    result = na_share_null(learner, sampler, adv, torch.ones(32, 24), group_size=8, tail_quantile=0.9, n_perm=200)
+    assert result["n_tail"] > 0 and 0 <= result["null_low"] <= result["null_mean"] <= result["null_high"] <= 1
+    assert result["p_value"] > 0.05
+
+
+def test_na_share_linked_to_advantages_is_significant():
+    g = torch.Generator().manual_seed(1)
+    learner = -torch.rand(32, 24, generator=g) * 3
+    # per group of 8: two A < 0 completions with gap -1.5 (NA), two A < 0 with gap +1.5 (NC), four A > 0 with
+    # small gaps. The tail holds both signs and only the advantages make it NA: permuted, the +1.5 rows become PA.
+    adv = torch.tensor([-1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0] * 4)
+    shift = torch.tensor([1.5, 1.5, -1.5, -1.5, 0.0, 0.0, 0.0, 0.0] * 4)[:, None]
+    sampler = learner + 0.1 * torch.randn(32, 24, generator=g) + shift
+    result = na_share_null(learner, sampler, adv, torch.ones(32, 24), group_size=8, tail_quantile=0.9, n_perm=200)
+    assert result["observed"] == 1.0 and result["null_mean"] < 0.8 and result["p_value"] < 0.05
+    # reproducible
+    again = na_share_null(learner, sampler, adv, torch.ones(32, 24), group_size=8, tail_quantile=0.9, n_perm=200)
+    assert again == result
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        na_share_null(learner, sampler, adv, torch.ones(32, 24), group_size=5)
+
+
+def test_tail_concentration_null():
+    assert top_decile_share([5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]) == pytest.approx(6 / 7)  # ceil(12/10) = 2 segments
+    assert top_decile_share([0, 0]) == 0.0
+    lengths = [10] * 40
+    spread = [1] * 40  # one tail token per segment: no concentration
+    packed = [10, 10, 10, 10] + [0] * 36  # all in 4 segments = the top decile
+    low = tail_concentration_null(lengths, spread, n_perm=200)
+    high = tail_concentration_null(lengths, packed, n_perm=200)
+    assert low["observed"] == pytest.approx(0.1) and low["p_value"] == 1.0
+    assert high["observed"] == 1.0 and high["p_value"] < 0.01 and high["null_high"] < 1.0
+    # the permutation keeps each length class's tail count: one long segment holding all tails stays at 1
+    only = tail_concentration_null([50, 5, 5], [7, 0, 0], n_perm=50)
+    assert only["observed"] == 1.0 and only["null_mean"] == 1.0
+    with pytest.raises(ValueError, match="cannot hold"):
+        tail_concentration_null([3], [4])
+
+
+def test_cost_gain_and_paired_bootstrap():
+    assert step0_cost(0.422, 0.703) == pytest.approx(0.281)
+    gain = training_gain([[0, 1, 0, 1], [1, 1, 0, 0]], [[1, 1, 0, 1], [1, 1, 1, 0]])
+    assert gain["mean"] == pytest.approx(2 / 8) and gain["n"] == 8 and gain["low"] <= 0.25 <= gain["high"]
+    with pytest.raises(ValueError, match="same seeds and items"):
+        training_gain([[0, 1]], [[1]])
+    result = paired_bootstrap([1.0, 2.0, 3.0, 4.0, math.nan])
+    assert result["n"] == 4 and result["mean"] == 2.5 and 1.0 <= result["low"] < 2.5 < result["high"] <= 4.0
+
+
+def test_k3_log_slope():
+    steps = list(range(1, 11))
+    assert k3_log_slope(steps, [0.1 * math.exp(0.05 * s) for s in steps]) == pytest.approx(0.05)
+    assert k3_log_slope([1, 2, 3], [0.2, 0.0, math.nan]) != k3_log_slope([1, 2, 3], [0.2, 0.1, 0.1])
+    assert math.isnan(k3_log_slope([1], [0.1]))
+
+
+def test_pre_registered_collapse_rule():
+    flat = [0.5] * 30
+    k3 = [0.1] * 30
+    grads = [1.0] * 30
+    assert collapse_by_rule(flat, k3, grads) == {"collapsed": False, "reason": None, "step": None}
+    assert collapse_by_rule(flat, k3, grads[:5] + [math.inf] + grads[6:])["reason"] == "grad_norm"
+    spike = k3[:20] + [COLLAPSE_K3_FACTOR * 0.1] + k3[21:]
+    assert collapse_by_rule(flat, spike, grads) == {"collapsed": True, "reason": "k3", "step": 21}
+    early_spike = [COLLAPSE_K3_FACTOR * 0.1] + k3[1:]  # inside the baseline window: raises the baseline only
+    assert not collapse_by_rule(flat, early_spike, grads)["collapsed"]
+    drop = [0.8] * 15 + [0.3] * 15  # moving mean reaches 0.6 = peak - 0.2 at step 19 and stays below
+    assert collapse_by_rule(drop, k3, grads) == {"collapsed": True, "reason": "reward", "step": 19}
+    recovered = [0.8] * 15 + [0.3] * 10 + [0.8] * 10
+    assert not collapse_by_rule(recovered, k3, grads)["collapsed"]

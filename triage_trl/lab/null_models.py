@@ -1,0 +1,147 @@
+"""Null models for the paper's two observations (``docs/stability.md``, "Null models").
+
+1. *NA dominates the amplifying tail.* Tokens are drawn from the sampler, so the gap (learner - sampler) on sampled
+   tokens is negative on average for any sampler noise (its mean is minus a KL): negative gaps, and so NA, are
+   favoured whatever the advantages. :func:`na_share_null` compares the observed NA share of the amplifying tail with
+   its distribution when the advantages are permuted among the completions of each group (which keeps the gaps, the
+   tail and each group's advantages, and breaks any link between a completion's advantage and its gaps).
+2. *The amplifying tail concentrates in few segments.* With heavy-tailed per-completion mismatch some concentration
+   is expected by chance. :func:`tail_concentration_null` compares the observed share of tail tokens in the top
+   ``ceil(10%)`` segments with its distribution when the tail labels are permuted across the tokens of segments of
+   equal length (which keeps the number of tail tokens per length class, and makes every token of a class equally
+   likely to be one).
+
+Each returns the observed value, the null's mean and 95% range, and the one-sided permutation p-value
+``(1 + #{null >= observed}) / (1 + n_perm)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from ..objective.steps import direction_quadrants, measure_gap, tail_threshold, tail_tokens
+
+
+def na_share(gap: torch.Tensor, advantages: torch.Tensor, tail: torch.Tensor) -> float:
+    """NA tail tokens / amplifying tail tokens (NA + PA); NaN when the tail holds no amplifying token.
+
+    Args:
+        gap: (B, T) learner - sampler (nats), 0 off the measured tokens; advantages: (B, 1) or (B, T);
+        tail: (B, T) bool tail tokens.
+    """
+    quadrants = direction_quadrants(gap, advantages, 1)
+    n_na = int(torch.count_nonzero(quadrants["NA"] & tail))
+    n_pa = int(torch.count_nonzero(quadrants["PA"] & tail))
+    return n_na / (n_na + n_pa) if n_na + n_pa else math.nan
+
+
+def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  group_size: int, *, tail_quantile: float = 0.98, tail_min_gap: float = 0.05, n_perm: int = 1000,
+                  seed: int = 0) -> dict:
+    """Observed NA share of the amplifying tail against advantages permuted within groups.
+
+    The tail is TRIAGE's (``docs/objective.md``, step 3: ``|gap| >= max(min_gap, q-quantile)``) over the valid tokens
+    with a finite sampler log-prob; it does not depend on the advantages, so only the quadrants move under the null.
+
+    Args:
+        learner, sampler: (B, T) log-probs (nats); advantages: (B,) one per completion; mask: (B, T).
+        group_size: completions per group (B a multiple of it; groups are consecutive rows, as in TRL's batches).
+        tail_quantile, tail_min_gap: TRIAGE's ``triage_tail_quantile`` and ``triage_tail_min_gap``.
+        n_perm: permutations; seed: their seed.
+
+    Returns:
+        ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_tail"}`` (NaN p-value when the observed
+        share is NaN).
+
+    Raises:
+        ValueError: ``advantages`` is not (B,), or B is not a multiple of ``group_size``.
+    """
+    B = learner.shape[0]
+    if advantages.shape != (B,) or group_size < 1 or B % group_size:
+        raise ValueError(f"advantages must be (B,) = ({B},) and B a multiple of group_size={group_size}; got "
+                         f"{tuple(advantages.shape)}: pass one advantage per completion, in whole groups.")
+    valid = mask.bool() if mask.dtype != torch.bool else mask
+    gap = measure_gap(learner.detach().float(), sampler.detach().float(), valid)
+    measured_f = gap.measured.float()
+    n = int(torch.count_nonzero(gap.measured))
+    tau = tail_threshold(gap.abs_gap * measured_f, n, tail_quantile, tail_min_gap)
+    tail = tail_tokens(gap.abs_gap * measured_f, tau, measured_f)
+    adv = advantages.detach().float()
+    observed = na_share(gap.gap, adv[:, None], tail)
+    generator = torch.Generator().manual_seed(seed)
+    groups = adv.view(-1, group_size)
+    null = []
+    for _ in range(n_perm):
+        order = torch.argsort(torch.rand(groups.shape, generator=generator), dim=1)
+        permuted = torch.gather(groups, 1, order).reshape(-1)
+        value = na_share(gap.gap, permuted[:, None], tail)
+        if not math.isnan(value):
+            null.append(value)
+    return {**_compare(observed, null), "n_tail": int(torch.count_nonzero(tail))}
+
+
+def top_decile_share(tail_counts: list[int]) -> float:
+    """Share of tail tokens in the ``ceil(10%)`` of segments holding the most (0 when there is none), as the
+    trainer's ``triage/tail_concentration``; ``tail_counts`` has one entry per segment with a diagnosed token."""
+    total = sum(tail_counts)
+    if total == 0:
+        return 0.0
+    top = (len(tail_counts) + 9) // 10
+    return sum(sorted(tail_counts, reverse=True)[:top]) / total
+
+
+def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], *, n_perm: int = 1000,
+                            seed: int = 0) -> dict:
+    """Observed tail concentration against tail labels permuted across segments of equal length.
+
+    Within each length class (segments with the same number of diagnosed tokens) the class's tail tokens are dealt
+    to random token positions of its segments (a multivariate hypergeometric draw of the per-segment counts).
+
+    Args:
+        segment_lengths: diagnosed tokens per segment (>= 1 each); tail_counts: tail tokens per segment (<= its
+            length). One entry per segment, same order.
+        n_perm: permutations; seed: their seed.
+
+    Returns:
+        ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_segments"}``.
+
+    Raises:
+        ValueError: lists of different lengths, a length < 1, or a count outside [0, length].
+    """
+    if len(segment_lengths) != len(tail_counts):
+        raise ValueError("segment_lengths and tail_counts need one entry per segment each.")
+    for length, count in zip(segment_lengths, tail_counts):
+        if length < 1 or not 0 <= count <= length:
+            raise ValueError(f"A segment of {length} tokens cannot hold {count} tail tokens: lengths must be >= 1 "
+                             "and counts in [0, length].")
+    classes = defaultdict(list)
+    for i, length in enumerate(segment_lengths):
+        classes[length].append(i)
+    generator = torch.Generator().manual_seed(seed)
+    null = []
+    for _ in range(n_perm):
+        counts = [0] * len(segment_lengths)
+        for length, members in classes.items():
+            k = sum(tail_counts[i] for i in members)
+            if k == 0:
+                continue
+            picks = torch.randperm(length * len(members), generator=generator)[:k] // length
+            for j in picks.tolist():
+                counts[members[j]] += 1
+        null.append(top_decile_share(counts))
+    return {**_compare(top_decile_share(list(tail_counts)), null), "n_segments": len(segment_lengths)}
+
+
+def _compare(observed: float, null: list[float]) -> dict:
+    if not null:
+        return {"observed": observed, "null_mean": math.nan, "null_low": math.nan, "null_high": math.nan,
+                "p_value": math.nan}
+    ordered = sorted(null)
+    low = ordered[int(0.025 * (len(ordered) - 1))]
+    high = ordered[int(math.ceil(0.975 * (len(ordered) - 1)))]
+    p = math.nan if math.isnan(observed) else (1 + sum(v >= observed for v in null)) / (1 + len(null))
+    return {"observed": observed, "null_mean": sum(null) / len(null), "null_low": low, "null_high": high,
+            "p_value": p}
