@@ -156,6 +156,24 @@ class RunLock:
         except (OSError, ValueError):
             return None
 
+    def check(self) -> None:
+        """Refuse, as :meth:`acquire` would, when another live run holds the lock; takes nothing.
+
+        Raises:
+            OutputFolderError: another live run holds the lock.
+        """
+        owner = self._owner() if self.path.exists() else None
+        if not owner:
+            return
+        pid, host = owner.get("pid"), owner.get("host")
+        if pid == os.getpid() or not isinstance(pid, int):
+            return
+        if host != socket.gethostname() or _pid_alive(pid):
+            raise OutputFolderError(
+                f"output_dir {self.path.parent} is in use by run PID {pid} on {host} ({self.path}): choose another "
+                f"--output_dir, or wait for that run to end (delete the lock file only if it is not running)."
+            )
+
     def acquire(self) -> RunLock:
         """Take the lock.
 
