@@ -119,7 +119,7 @@ def _prompt_text(prompt, tokenizer):
         return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True), None
     if isinstance(prompt, (list, tuple)) and not prompt:
         return None, "is empty (no message)"
-    return None, f"is not text but {type(prompt).__name__} ({str(prompt)[:40]!r})"
+    return None, f"is not text but {type(prompt).__name__} ({repr(prompt)[:40]})"
 
 
 def check_prompts(prompts: Iterable, *, what: str = "train_dataset", tokenizer=None,
