@@ -9,7 +9,8 @@ standard deviation, and each case gives loss 0 and gradient 0 without an error. 
 * a batch in which no completion has a finite reward from any function (e.g. the only function returns NaN or
   ``None`` for every item); a batch where only some completions lack one trains as in TRL (TRL warns, those score 0)
   and the share is logged as ``triage/reward_missing_frac``;
-* finite rewards whose weighted sum or per-group standard deviation overflows float32 (``|r|`` near 1e19 and above).
+* finite rewards whose weighted sum or standard deviation (per group, over the batch, per function; TRL's
+  ``nanstd``, which squares the deviations in float32) overflows: ``|r|`` above about 1e19.
 
 It runs on the gathered rewards, so every process stops at the same step. Works with every launch configuration
 (single process, DDP, FSDP2, ZeRO).
@@ -67,15 +68,17 @@ def check_rewards(rewards_per_func: torch.Tensor, *, names=None, weights: torch.
             "float for each completion (None only for those a function does not score, with another function scoring "
             "them)."
         )
+    from trl.trainer.utils import nanstd  # the standard deviation TRL's advantages and reward metrics use
+
     w = torch.ones(f) if weights is None else weights.detach().float().cpu()
     summed = (rewards * w).nansum(dim=1)
     groups = summed.view(-1, num_generations) if num_generations and n % num_generations == 0 else summed[None]
-    std = groups.std(dim=1) if groups.shape[1] > 1 else torch.zeros(groups.shape[0])
-    if not (torch.isfinite(summed).all() and torch.isfinite(std).all()):
+    stds = [nanstd(groups, dim=1), nanstd(summed)[None], *(nanstd(rewards[:, j])[None] for j in range(f))]
+    if n > 1 and not (torch.isfinite(summed).all() and all(torch.isfinite(s[~torch.isnan(s)]).all() for s in stds)):
         peak = rewards.nan_to_num(0.0).abs().amax(dim=0)
         culprit = _name(names, int(peak.argmax()))
         raise NonFiniteRewardError(
-            f"The rewards{at} overflow float32 when their sum or group standard deviation is computed (reward "
+            f"The rewards{at} overflow float32 when their sum or standard deviation is computed (reward "
             f"function {culprit} returned |r| up to {float(peak.max()):.3g}): rescale that function's rewards (e.g. "
             "to [0, 1]) or lower its reward weight."
         )
