@@ -3,7 +3,8 @@
 
 Not a test module: ``python tests/checkpoint_worker.py MODEL_DIR OUTPUT_DIR MAX_STEPS [--resume] [--hang-at N]``.
 With ``--hang-at N`` the save of step ``N`` writes ``OUTPUT_DIR/../hanging`` after the model and optimizer files are
-written, then sleeps. At the end it writes ``OUTPUT_DIR/../result.json``: the checkpoint resumed from and the final step.
+written, then sleeps. At the end it writes ``OUTPUT_DIR/../result.json``: the checkpoint resumed from and the
+final step.
 """
 
 from __future__ import annotations

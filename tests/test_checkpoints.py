@@ -1,5 +1,6 @@
 """Checkpoints a kill cannot leave half-written, and resuming from the last complete one
-(``triage_trl.trainer.checkpoints``): a real training process killed (SIGKILL) inside a checkpoint save, then resumed."""
+(``triage_trl.trainer.checkpoints``): a real training process killed (SIGKILL) inside a checkpoint save, then
+resumed."""
 
 from __future__ import annotations
 

@@ -246,7 +246,8 @@ def _hanging_export(run_dir, out, flag):
 
     code = ("import sys, time, pathlib\nimport triage_trl.export.writer as w\n"
             "def hang(*a, **k):\n    pathlib.Path(sys.argv[3]).write_text('x'); time.sleep(600)\n"
-            "w.export_card = hang\nfrom triage_trl.export.cli import main\nmain([sys.argv[1], '--output', sys.argv[2]])\n")
+            "w.export_card = hang\nfrom triage_trl.export.cli import main\n"
+            "main([sys.argv[1], '--output', sys.argv[2]])\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(out), str(flag)], env=env,
                             stderr=subprocess.PIPE, text=True)

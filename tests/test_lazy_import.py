@@ -20,7 +20,8 @@ def test_trainer_names_import_lazily_from_the_package():
         "import sys, triage_trl\n"
         "from triage_trl import TriageGRPOTrainer, TriageGRPOConfig, StaleSamplerError\n"
         "from triage_trl.trainer import TriageGRPOTrainer as T, TriageGRPOConfig as C\n"
-        "print(TriageGRPOTrainer is T, TriageGRPOConfig is C, 'trl' in sys.modules, 'TriageGRPOTrainer' in dir(triage_trl))"
+        "print(TriageGRPOTrainer is T, TriageGRPOConfig is C, 'trl' in sys.modules,\n"
+        "      'TriageGRPOTrainer' in dir(triage_trl))"
     )
     assert out.splitlines()[-1] == "True True True True"
 

@@ -41,8 +41,8 @@ def test_an_infinite_reward_names_the_function(bad):
 
 
 def test_rewards_whose_std_overflows_are_refused():
-    with pytest.raises(NonFiniteRewardError, match=r"overflow float32 when their sum or standard deviation is computed \(reward function huge returned \|r\| up to "
-                                                   r"1e\+38\): rescale"):
+    with pytest.raises(NonFiniteRewardError, match=r"overflow float32 when their sum or standard deviation is computed "
+                                                   r"\(reward function huge returned \|r\| up to 1e\+38\): rescale"):
         check_rewards(_r([1e38, 0.0, 1e38, 0.0]), names=["huge"], num_generations=2)
     with pytest.raises(NonFiniteRewardError, match="overflow"):  # the weighted sum overflows
         check_rewards(_r([3e38, 3e38], [3e38, 3e38]), names=["a", "b"], num_generations=2)

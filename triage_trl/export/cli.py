@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the card's base_model (default: the run's, from its card), e.g. the trained run's Hub repo")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --output folder (an earlier export; never a run folder or one holding one)")
+                   help="replace an existing --output folder (an earlier export; never a run folder or one "
+                   "holding one)")
     p.add_argument("--version", action="version", version=f"triage-trl {__version__}")
     return p
 

@@ -79,7 +79,8 @@ def resolve_resume(resume_from_checkpoint, output_dir: str | os.PathLike):
         found = last_complete_checkpoint(output_dir)
         if found is None:
             raise ValueError(f"No complete checkpoint (a checkpoint-N folder with {TRAINER_STATE}) in {output_dir}: "
-                             "start a new run without --resume_from_checkpoint, or give the run folder it was saved to.")
+                             "start a new run without --resume_from_checkpoint, or give the run folder it was "
+                             "saved to.")
         return found
     path = Path(resume_from_checkpoint)
     match = _CHECKPOINT_RE.match(path.name)

@@ -228,8 +228,9 @@ class TriageGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         num_generations = self.num_generations if self.model.training else self.num_generations_eval
-        missing = check_rewards(rewards_per_func, names=getattr(self, "reward_func_names", None), weights=self.reward_weights,
-                                num_generations=num_generations, step=self.state.global_step)
+        missing = check_rewards(rewards_per_func, names=getattr(self, "reward_func_names", None),
+                                weights=self.reward_weights, num_generations=num_generations,
+                                step=self.state.global_step)
         # Already global (gathered rewards): TRL's own metric buffer, no collective.
         self._metrics["train" if self.model.training else "eval"]["triage/reward_missing_frac"].append(missing)
         if self.triage_mode != "off":
