@@ -259,7 +259,8 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
             "`tiny-qwen3` (a tiny offline model)."
         )
     check_output_dir(training_args.output_dir)
-    RunLock(training_args.output_dir).check()
+    if training_args.should_save:  # the main process takes the lock; the others would see it taken
+        RunLock(training_args.output_dir).check()
     refuse_existing_run(training_args.output_dir, training_args.resume_from_checkpoint)
     quantization = quantization_config(model_args, training_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
