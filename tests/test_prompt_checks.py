@@ -156,3 +156,17 @@ def test_cli_refuses_a_prompt_longer_than_the_context(tmp_path, capsys):
     line = _last_line(capsys)
     assert "train_dataset row 0: the prompt has" in line and "context of 8 tokens" in line
     assert "raise --vllm_max_model_length" in line
+
+
+def test_prompts_a_template_cannot_render_are_not_measured():
+    class TextOnlyTemplate:
+        def apply_chat_template(self, messages, **kwargs):
+            raise TypeError("can only concatenate str (not list)")
+
+        def __call__(self, text, **kwargs):
+            raise AssertionError("not measured")
+
+    multimodal = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]}]]
+    check_prompts(multimodal, tokenizer=TextOnlyTemplate(), context_tokens=4)  # TRL's processor renders them
+    tool_turn = [[{"role": "user", "content": "Add 1 and 2."}, {"role": "assistant", "content": None}]]
+    check_prompts(tool_turn)

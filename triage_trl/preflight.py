@@ -108,15 +108,18 @@ def _prompt_text(prompt, tokenizer):
     if isinstance(prompt, str):
         return (prompt, None) if prompt.strip() else (None, "is empty")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-        contents = [m.get("content") for m in prompt]
-        if not all(isinstance(c, (str, list)) for c in contents):
+        contents = [m.get("content") for m in prompt]  # None: an assistant turn with tool calls only
+        if not all(c is None or isinstance(c, (str, list)) for c in contents):
             kinds = ", ".join(sorted({type(c).__name__ for c in contents if not isinstance(c, (str, list))}))
             return None, f"has a message whose content is not text ({kinds})"
         if not any(c.strip() if isinstance(c, str) else c for c in contents):
             return None, "is empty (every message's content is empty)"
         if tokenizer is None:
             return None, None
-        return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True), None
+        try:
+            return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True), None
+        except Exception:  # e.g. image parts a text template cannot render: TRL's processor renders them
+            return None, None
     if isinstance(prompt, (list, tuple)) and not prompt:
         return None, "is empty (no message)"
     return None, f"is not text but {type(prompt).__name__} ({repr(prompt)[:40]})"
