@@ -114,3 +114,24 @@ def test_kill_during_a_save_then_resume_continues_from_the_last_complete_checkpo
         state = json.loads((run / f"checkpoint-{step}" / "trainer_state.json").read_text())
         assert state["global_step"] == step
     assert not (run / LOCK_NAME).exists()  # released at exit
+
+
+@pytest.mark.slow
+def test_save_total_limit_rotates_the_renamed_checkpoints(tmp_path, tiny_qwen3_dir):
+    import torch
+    from datasets import Dataset
+
+    from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
+
+    run = tmp_path / "run"
+    args = TriageGRPOConfig(
+        output_dir=str(run), triage_mode="off", use_vllm=False, use_cpu=True, bf16=False, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=4, report_to="none", save_strategy="steps", save_steps=1,
+        save_total_limit=2, max_steps=3, model_init_kwargs={"dtype": torch.float32},
+    )
+    trainer = TriageGRPOTrainer(tiny_qwen3_dir, reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+                                args=args, train_dataset=Dataset.from_dict({"prompt": ["What is 1 + 1?\n"] * 12}))
+    trainer.train()
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-2", "checkpoint-3"]
+    assert trainer.args.save_total_limit == 2
+    assert "_get_output_dir" not in vars(trainer)  # the staging redirection is undone
