@@ -79,3 +79,13 @@ def test_normalize_answer_latex_by_kind():
     assert normalize_answer_latex("a\\.", kind="math") == "a\\."
     with pytest.raises(ValueError, match="unknown answer kind"):
         normalize_answer_latex("1", kind="mmlu")
+
+
+def test_normalize_unicode():
+    from triage_trl.answer_latex import normalize_unicode
+
+    assert normalize_unicode("The answer is \u22127.") == "The answer is -7."
+    assert normalize_unicode("\uff11\uff12\uff0e\uff15\uff0b\uff58") == "12.5+x"
+    assert normalize_unicode("x\u00b2") == "x\u00b2"  # not NFKC: a superscript keeps its meaning
+    text = "a \u2212\uff13 b"
+    assert len(normalize_unicode(text)) == len(text)

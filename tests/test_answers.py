@@ -186,3 +186,54 @@ def test_unknown_kind_names_the_kinds():
     with pytest.raises(ValueError, match="gsm8k, math, minerva, olympiad, aime, amc"):
         verify("\\boxed{1}", "1", kind="mmlu")
     assert KINDS == ("gsm8k", "math", "minerva", "olympiad", "aime", "amc")
+
+
+@pytest.mark.parametrize(
+    "completion, reference, kind, expected",
+    [
+        (r"\boxed{3 + 4 = 8}", "8", "math", False),  # false relation, right side matches
+        (r"\boxed{3 + 4 = 8}", "8", "gsm8k", False),
+        (r"\boxed{8 = 7}", "7", "math", False),
+        (r"\boxed{1 = 2 = 8}", "8", "math", False),
+        (r"\boxed{x = 3 + 4 = 8}", "8", "math", False),
+        (r"\boxed{3 + 4 = 7}", "7", "math", True),  # true relation, right side matches
+        (r"\boxed{3+4=7}", "7", "gsm8k", True),
+        (r"\boxed{x = 3 + 4 = 7}", "7", "math", True),
+        (r"\boxed{x = 5}", "5", "math", True),  # an assignment names the answer
+        (r"\boxed{3 + 4 = 7}", "8", "math", False),  # true relation, wrong answer
+        (r"\boxed{y = 2x + 1}", "y = 2x + 1", "math", True),  # the reference is a relation
+    ],
+)
+def test_relation_in_box(completion, reference, kind, expected):
+    assert verify(completion, reference, kind=kind, timeout_seconds=None) is expected
+
+
+@pytest.mark.parametrize(
+    "completion, reference",
+    [(r"\boxed{0.5}", r"50\%"), (r"\boxed{50}", r"50\%"), (r"\boxed{50\%}", r"50\%"), (r"\boxed{50\%}", "0.5"),
+     (r"\boxed{50\%}", "50"), (r"\boxed{\frac{1}{2}}", r"50\%")],
+)
+def test_percent_equals_fraction_and_number(completion, reference):
+    for kind in ("math", "gsm8k"):
+        assert verify(completion, reference, kind=kind, timeout_seconds=None)
+    assert not verify(r"\boxed{0.6}", r"50\%", kind="math", timeout_seconds=None)
+
+
+@pytest.mark.parametrize(
+    "completion, reference, kind",
+    [("The answer is \u22127.", "-7", "gsm8k"), ("\\boxed{\u22127}", "-7", "math"),
+     ("\\boxed{\uff17}", "7", "math"), ("The answer is \uff17\uff12.", "72", "gsm8k"),
+     ("\\boxed{-7}", "\u22127", "math"), ("\\boxed{\uff0d3}", "-3", "aime")],
+)
+def test_unicode_minus_and_fullwidth_digits(completion, reference, kind):
+    assert verify(completion, reference, kind=kind, timeout_seconds=None)
+
+
+def test_unicode_minus_keeps_its_sign():
+    assert not verify("The answer is \u22127.", "7", kind="gsm8k", timeout_seconds=None)
+    assert not verify("\\boxed{\uff18}", "7", kind="math", timeout_seconds=None)
+
+
+def test_unicode_normalised_in_extraction_and_references():
+    assert extract_boxed("\\boxed{\u2212\uff14\uff12}") == "-42"
+    assert gsm8k_reference("so \u221212\n#### \u221212") == "-12"

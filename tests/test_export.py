@@ -205,3 +205,78 @@ def test_export_generates_in_vllm_cpu_engine(exported, run_dir, in_process_vllm)
     learner = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
     gap = float((learner - sampler).abs().mean())
     assert gap < 0.15, gap
+
+
+# --- an export never replaces or deletes a run, and cleans its partial folder ---
+@pytest.mark.parametrize("target", ["run", "parent", "holder"])
+def test_overwrite_never_replaces_or_deletes_a_run(run_dir, tmp_path, capsys, target):
+    import shutil
+
+    runs = tmp_path / "runs"
+    run = runs / "mine"
+    shutil.copytree(run_dir, run)
+    (runs / "sibling" / "checkpoint-1").mkdir(parents=True)  # another run next to it
+    holder = tmp_path / "holder"
+    (holder / "deep" / "r").mkdir(parents=True)
+    (holder / "deep" / "r" / "trainer_state.json").write_text("{}")
+    output = {"run": run, "parent": runs, "holder": holder}[target]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main([str(run), "--output", str(output), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"triage-export: error: --output {output} ")
+    assert "choose an --output outside it" in err[0] and "--overwrite only replaces an earlier export" in err[0]
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written, nothing deleted
+
+
+def test_overwrite_still_replaces_an_earlier_export(exported, run_dir, tmp_path):
+    import shutil
+
+    out = tmp_path / "again"
+    shutil.copytree(exported[0], out)
+    export_run(run_dir, out, overwrite=True, max_shard_size="200KB")
+    assert (out / "model.safetensors.index.json").is_file()
+
+
+def _hanging_export(run_dir, out, flag):
+    """``triage-export RUN --output OUT`` in a subprocess that stops before writing the card (the shards are written),
+    once ``flag`` exists."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time, pathlib\nimport triage_trl.export.writer as w\n"
+            "def hang(*a, **k):\n    pathlib.Path(sys.argv[3]).write_text('x'); time.sleep(600)\n"
+            "w.export_card = hang\nfrom triage_trl.export.cli import main\n"
+            "main([sys.argv[1], '--output', sys.argv[2]])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(out), str(flag)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not flag.exists():
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    return proc
+
+
+def test_a_killed_exports_partial_folder_is_removed_by_the_next_export(run_dir, tmp_path):
+    import signal
+
+    out = tmp_path / "out"
+    proc = _hanging_export(run_dir, out, tmp_path / "writing")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]
+    assert len(partial) == 1 and partial[0].name.startswith(f".out.partial-{proc.pid}-")
+    assert not out.exists()
+    export_run(run_dir, out, max_shard_size="200KB")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "writing"]
+
+
+def test_sigterm_during_an_export_removes_its_partial_folder(run_dir, tmp_path):
+    import signal
+
+    proc = _hanging_export(run_dir, tmp_path / "out", tmp_path / "writing")
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["writing"]

@@ -1,7 +1,8 @@
 """triage-trl: TRIAGE (arXiv 2610.07043) for TRL, torchao NVFP4 and vLLM.
 
 The objective and its settings import with torch alone; the trainer (which imports TRL) loads on
-first use.
+first use: ``from triage_trl import TriageGRPOTrainer, TriageGRPOConfig`` imports ``triage_trl.trainer``
+then (module ``__getattr__``, PEP 562), and ``import triage_trl`` alone imports neither TRL nor vLLM.
 """
 
 from .objective import (
@@ -18,12 +19,30 @@ from .triage_config import TriageConfig
 
 __version__ = "0.2.0.dev0"
 
+_LAZY = {"TriageGRPOTrainer", "TriageGRPOConfig", "StaleSamplerError"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY)
+
+
 __all__ = [
     "METRICS",
     "METRIC_NAMES",
     "QUADRANTS",
     "NonFiniteSamplerLogprobsError",
+    "StaleSamplerError",
     "TriageConfig",
+    "TriageGRPOConfig",
+    "TriageGRPOTrainer",
     "TriageResult",
     "build_newline_table",
     "segment_ids",

@@ -13,6 +13,10 @@ normalisation ``triage_trl.answers`` uses) parses wrongly or not at all:
 * digit grouping with a LaTeX space or ``{,}``: ``10\\,000``, ``10\\ 000``, ``10~000``, ``10{,}000``;
   :func:`join_digit_groups` removes the separators of a ``d{1,3}(sep ddd)+`` number. Plain commas are
   left to math-verify (it reads ``58,500`` as one number and ``1,2`` as a list).
+
+and, before any of these and for the whole completion (boxed or not), two Unicode spellings that
+math-verify reads as text: the minus sign U+2212 (``−7``) and the fullwidth forms U+FF01-U+FF5E
+(``７``, ``－``, ``＋``); :func:`normalize_unicode` writes their ASCII characters.
 """
 
 from __future__ import annotations
@@ -97,6 +101,19 @@ def brace_macro_arguments(latex: str) -> str:
     return "".join(out)
 
 
+_UNICODE_ASCII = {0x2212: "-", 0xFE63: "-", 0x3000: " "} | {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}
+
+
+def normalize_unicode(text: str) -> str:
+    """Write the Unicode minus (U+2212, U+FE63), the ideographic space and the fullwidth ASCII forms (U+FF01-U+FF5E:
+    ``７``, ``－``, ``＋``, ``．``) as ASCII: ``"The answer is −７."`` -> ``"The answer is -7."``.
+
+    One character for one character, so offsets into ``text`` stay valid. Other compatibility forms are kept
+    (NFKC would also turn ``x²`` into ``x2``).
+    """
+    return text.translate(_UNICODE_ASCII)
+
+
 def expand_e_notation(text: str) -> str:
     """Write scientific e-notation as LaTeX: ``4.5e33`` -> ``4.5 \\times 10^{33}``, ``1e-5`` -> ``1 \\times 10^{-5}``.
 
@@ -115,4 +132,4 @@ def join_digit_groups(text: str) -> str:
     return _GROUPED_NUMBER_RE.sub(lambda m: _SEPARATOR_RE.sub("", m.group(0)), text)
 
 
-__all__ = ["brace_macro_arguments", "expand_e_notation", "join_digit_groups"]
+__all__ = ["brace_macro_arguments", "expand_e_notation", "join_digit_groups", "normalize_unicode"]

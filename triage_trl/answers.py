@@ -31,7 +31,21 @@ kinds (``gsm8k``, ``aime``, ``amc``, ``minerva``) e-notation (``4.5e33``, ``1e-5
 ``a \\times 10^{b}``; in ``math`` and ``olympiad`` answers ``2e-1`` keeps meaning 2e - 1 (Euler's number). An answer made only of numbers
 (``2.88 \\times 10^{-19}``) is evaluated to one number before comparison, and floats are compared to six
 significant digits for small references (math-verify rounds to six decimals, which makes
-``1.1 \\times 10^{-7}`` equal ``10^{-7}``).
+``1.1 \\times 10^{-7}`` equal ``10^{-7}``). The Unicode minus (``−7``) and fullwidth digits (``７``) are
+written as ASCII in every completion and reference, boxed or not (``answer_latex.normalize_unicode``).
+
+Relations. A boxed answer that is an equation or a chain of equations (``3 + 4 = 7``, ``x = 5``,
+``x = 3 + 4 = 7``), scored against a reference that is not one, is correct only when every ``=`` in it
+holds (both sides equal symbolically; a lone variable on the far left, ``x = ...``, names the answer
+and is not compared) and its last side matches the reference: ``\\boxed{3 + 4 = 8}`` is wrong for 8,
+``\\boxed{8 = 7}`` wrong for 7, ``\\boxed{1 = 2 = 8}`` wrong for 8. math-verify alone scores the
+right-hand side, which a policy could learn to exploit. A reference that is itself a relation
+(``y = 2x + 1``) is compared by math-verify as a relation.
+
+Percentages follow math-verify's one rule, for predictions and references alike: ``p\\%`` equals both
+``p/100`` and ``p`` (``\\boxed{0.5}``, ``\\boxed{50}`` and ``\\boxed{50\\%}`` are all correct for the
+reference ``50\\%``, and ``\\boxed{50\\%}`` for ``0.5`` or ``50``), since data sets write a percentage
+answer either way.
 
 :func:`check_answer` and :func:`verify` end within ``timeout_seconds`` in any thread: the check runs
 in a helper process that is killed when it overruns (``triage_trl.answer_worker``).
@@ -44,7 +58,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .answer_latex import brace_macro_arguments, expand_e_notation, join_digit_groups
+from .answer_latex import brace_macro_arguments, expand_e_notation, join_digit_groups, normalize_unicode
 
 KINDS = ("gsm8k", "math", "minerva", "olympiad", "aime", "amc")
 """The reference kinds ``verify`` understands."""
@@ -74,7 +88,7 @@ def extract_boxed(text: str) -> str | None:
     if not isinstance(text, str):
         raise TypeError(f"extract_boxed expects a str, got {type(text).__name__}")
     span = boxed_span(text)
-    return None if span is None else text[span[0]:span[1]].strip()
+    return None if span is None else normalize_unicode(text[span[0]:span[1]]).strip()
 
 
 def boxed_span(text: str) -> tuple[int, int] | None:
@@ -103,6 +117,7 @@ def gsm8k_reference(answer_field: str) -> str:
     Raises:
         ValueError: the field has no ``####`` or nothing after it.
     """
+    answer_field = normalize_unicode(answer_field)
     if "####" not in answer_field:
         raise ValueError(
             "GSM8K answer field has no '####' marker; pass the dataset's `answer` column "
@@ -215,7 +230,7 @@ def parse_reference(reference: str, *, kind: str, timeout_seconds: int | None = 
     _, gold_cfg = _configs(kind)
     from math_verify import parse
 
-    reference = normalize_answer_latex(str(reference).strip(), kind=kind)
+    reference = normalize_answer_latex(normalize_unicode(str(reference)).strip(), kind=kind)
     if kind in _NUMBER_KINDS:
         reference = reference.replace(",", "")
     else:
@@ -246,6 +261,7 @@ def parse_prediction(
     pred_cfg, _ = _configs(kind)
     from math_verify import parse
 
+    prediction_text = normalize_unicode(prediction_text)
     boxed = extract_boxed(prediction_text)
     if boxed is not None:
         prediction_text = "\\boxed{" + normalize_answer_latex(_strip_unit(boxed, unit), kind=kind) + "}"
@@ -294,6 +310,61 @@ def _as_one_number(parsed: list, step_timeout: int | None) -> list:
     return [timeout(step_timeout)(evaluate)(), *parsed[1:]]
 
 
+def _relation_sides(expr) -> list | None:
+    """The sides ``[s0, s1, ..., sn]`` of an equation or chain of equations (``Eq`` or ``And`` of ``Eq`` as
+    math-verify parses ``a = b = c``), or ``None`` when ``expr`` is not one."""
+    import sympy
+
+    if isinstance(expr, sympy.Equality):
+        return [expr.lhs, expr.rhs]
+    if isinstance(expr, sympy.And) and expr.args and all(isinstance(a, sympy.Equality) for a in expr.args):
+        sides = [expr.args[0].lhs]
+        for link in expr.args:
+            sides.append(link.rhs)  # math-verify builds Eq(s0, s1) & Eq(s1, s2) ...; the order of And is sorted
+        links = {(a.lhs, a.rhs) for a in expr.args}
+        chain = _chain_from_links(links)
+        return chain if chain is not None else sides
+    return None
+
+
+def _chain_from_links(links: set) -> list | None:
+    """Order the links ``{(a, b), (b, c)}`` of a chain into ``[a, b, c]`` (``And`` sorts its arguments)."""
+    rights = {b for _, b in links}
+    starts = [a for a, _ in links if a not in rights]
+    if len(starts) != 1:
+        return None
+    following = dict(links)
+    chain = [starts[0]]
+    while chain[-1] in following and len(chain) <= len(links):
+        chain.append(following[chain[-1]])
+    return chain if len(chain) == len(links) + 1 else None
+
+
+def _relation_holds(sides: list, step_timeout: int | None) -> bool:
+    """Does every ``=`` of ``s0 = s1 = ... = sn`` hold? A lone symbol ``s0`` (``x = ...``) names the answer and is
+    not compared; the other neighbours must be equal (``simplify(a - b) == 0``)."""
+    import sympy
+    from math_verify.utils import timeout
+
+    if isinstance(sides[0], sympy.Symbol):
+        sides = sides[1:]
+
+    def equal(a, b) -> bool:
+        diff = sympy.simplify(sympy.sympify(a).doit() - sympy.sympify(b).doit())
+        if diff == 0:
+            return True
+        if diff.free_symbols:
+            return False
+        value = complex(diff.evalf())
+        scale = max(1.0, abs(complex(sympy.sympify(b).doit().evalf())))
+        return abs(value) <= 1e-9 * scale
+
+    try:
+        return all(timeout(step_timeout)(equal)(a, b) for a, b in zip(sides, sides[1:]))
+    except Exception:  # unparsable or overrun: the relation is not shown to hold
+        return False
+
+
 def _check_here(
     prediction_text: str, reference: str | None, kind: str, unit: str | None, step_timeout: int | None
 ) -> AnswerCheck:
@@ -305,6 +376,9 @@ def _check_here(
     extracted = str(pred[-1]) if pred else None
     gold = parse_reference(reference, kind=kind, timeout_seconds=step_timeout) if reference is not None and pred else []
     if not gold:
+        return AnswerCheck(False, extracted)
+    sides = _relation_sides(pred[0])
+    if sides is not None and _relation_sides(gold[0]) is None and not _relation_holds(sides, step_timeout):
         return AnswerCheck(False, extracted)
     try:
         gold, pred = _as_one_number(gold, step_timeout), _as_one_number(pred, step_timeout)

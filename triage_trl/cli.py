@@ -245,9 +245,12 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
 
     Raises:
         ValueError, FileNotFoundError, ImportError: a bad input, with the remedy (see
-            :mod:`triage_trl.preflight`, :func:`build_dataset`, :func:`resolve_reward_funcs`).
+            :mod:`triage_trl.preflight`, :mod:`triage_trl.run_folder`, :func:`build_dataset`,
+            :func:`resolve_reward_funcs`): a read-only or full ``output_dir``, one that already holds a run (unless
+            resuming), an empty, non-text or too long prompt.
     """
     from .preflight import check_model_source, check_reward_columns, quantization_config
+    from .run_folder import RunLock, check_output_dir, refuse_existing_run
     from .runs import resolve_model
 
     if not model_args.model_name_or_path:
@@ -255,6 +258,10 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
             "Set model_name_or_path: a Hub id, a local folder, `smollm2-135m-instruct` (the embedded default) or "
             "`tiny-qwen3` (a tiny offline model)."
         )
+    check_output_dir(training_args.output_dir)
+    if training_args.should_save:  # the main process takes the lock; the others would see it taken
+        RunLock(training_args.output_dir).check()
+    refuse_existing_run(training_args.output_dir, training_args.resume_from_checkpoint)
     quantization = quantization_config(model_args, training_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     dataset = build_dataset(script_args)
@@ -264,11 +271,20 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
     with training_args.main_process_first(local=True, desc="resolve the model"):
         model_path = resolve_model(model_args.model_name_or_path, training_args.output_dir)
     check_model_source(model_path, revision=model_args.model_revision)
+    _check_run_inputs(model_path, training_args, dataset)
     model_init_kwargs = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
                          "revision": model_args.model_revision}
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
     return PreparedRun(model_path, dataset, reward_funcs, quantization)
+
+
+def _check_run_inputs(model_path: str, training_args, dataset) -> None:
+    """The output folder's free space against the model's size and every prompt against the context: the trainer's
+    own checks (``triage_trl.trainer.run_checks``), here so that the command line ends with status 2."""
+    from .trainer.run_checks import check_run_inputs
+
+    check_run_inputs(model_path, training_args, train_dataset=dataset)
 
 
 def build_trainer(script_args: TriageScriptArguments, training_args, model_args, prepared: PreparedRun | None = None):

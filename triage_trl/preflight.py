@@ -2,6 +2,9 @@
 
 * :func:`check_model_source`: a local folder with ``config.json``, or a Hub id the Hub (or its local cache) resolves;
 * :func:`check_reward_columns`: every column a reward function requires is in the training data;
+* :func:`check_prompts`: every prompt of the training (and calibration) data is non-empty text or chat messages, and
+  leaves room in the context (``vllm_max_model_length``, else the model's ``max_position_embeddings``) for at least
+  one completion token;
 * :func:`quantization_config`: TRL's ``BitsAndBytesConfig`` for ``--load_in_4bit`` / ``--load_in_8bit`` where a run
   can use one, else a refusal that says why.
 
@@ -94,6 +97,86 @@ def check_reward_columns(reward_funcs: Iterable, columns: Iterable[str]) -> None
                 f"has {', '.join(sorted(columns))}): map a column with --dataset_column_map, set --answer_kind for "
                 "`answer_kind`, or pick another reward."
             )
+
+
+class PromptError(ValueError):
+    """A prompt of the data cannot be sampled from; the message names the data set, the row and the fix."""
+
+
+def _prompt_text(prompt, tokenizer):
+    """``(text_or_None, problem_or_None)`` for one stored prompt (a str, or chat messages)."""
+    if isinstance(prompt, str):
+        return (prompt, None) if prompt.strip() else (None, "is empty")
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        contents = [m.get("content") for m in prompt]  # None: an assistant turn with tool calls only
+        if not all(c is None or isinstance(c, (str, list)) for c in contents):
+            kinds = ", ".join(sorted({type(c).__name__ for c in contents if not isinstance(c, (str, list))}))
+            return None, f"has a message whose content is not text ({kinds})"
+        if not any(c.strip() if isinstance(c, str) else c for c in contents):
+            return None, "is empty (every message's content is empty)"
+        if tokenizer is None:
+            return None, None
+        try:
+            return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True), None
+        except Exception:  # e.g. image parts a text template cannot render: TRL's processor renders them
+            return None, None
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        return None, "is empty (no message)"
+    return None, f"is not text but {type(prompt).__name__} ({repr(prompt)[:40]})"
+
+
+def check_prompts(prompts: Iterable, *, what: str = "train_dataset", tokenizer=None,
+                  context_tokens: int | None = None) -> None:
+    """Check every prompt before any model loads: text (or chat messages with text content), not empty, and (with
+    ``tokenizer`` and ``context_tokens``) shorter than the context, leaving at least one token for the completion.
+
+    Args:
+        prompts: the data set's ``prompt`` column (str prompts, or lists of ``{"role", "content"}`` messages).
+        what: the data set's name in the message (``train_dataset``, ``calibration_dataset``).
+        tokenizer: counts the tokens of each prompt as TRL renders it (chat messages through the chat template).
+        context_tokens: the sampler's context, ``vllm_max_model_length`` (else the model's
+            ``max_position_embeddings``).
+
+    Raises:
+        PromptError: one line naming the data set, the row, the problem and the fix.
+    """
+    for row, prompt in enumerate(prompts):
+        text, problem = _prompt_text(prompt, tokenizer)
+        if problem is not None:
+            raise PromptError(f"{what} row {row}: the prompt {problem}: give every row a non-empty text prompt (or "
+                              "chat messages with text content), or drop the row (e.g. dataset.filter).")
+        if text is not None and tokenizer is not None and context_tokens is not None:
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if n >= context_tokens:
+                raise PromptError(
+                    f"{what} row {row}: the prompt has {n} tokens, which leaves no room for a completion in the "
+                    f"context of {context_tokens} tokens: raise --vllm_max_model_length (up to the model's "
+                    "max_position_embeddings), or shorten or drop the row."
+                )
+
+
+def context_tokens(args, model_config=None) -> int | None:
+    """The context a prompt and its completion share: ``args.vllm_max_model_length`` with the vLLM sampler, else the
+    model config's ``max_position_embeddings`` (``None`` when neither is known)."""
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_max_model_length", None):
+        return int(args.vllm_max_model_length)
+    value = getattr(model_config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def dataset_prompts(dataset) -> list | None:
+    """The ``prompt`` column of a map-style ``datasets.Dataset`` (or list of rows); ``None`` when it has none or is
+    iterable only (such data are checked by TRL as they stream)."""
+    if dataset is None:
+        return None
+    column_names = getattr(dataset, "column_names", None)
+    if column_names is not None:
+        if "prompt" not in column_names or not hasattr(dataset, "__len__"):
+            return None
+        return list(dataset["prompt"])
+    if isinstance(dataset, (list, tuple)):
+        return [row.get("prompt") for row in dataset if isinstance(row, dict) and "prompt" in row]
+    return None
 
 
 def quantization_config(model_args, training_args):

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 
 from ..answers import KINDS
-from ..preflight import first_line
+from ..preflight import check_prompts, first_line
 from .prompts import boxed_chat_prompt
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -43,6 +43,7 @@ def custom_dataset(source: str, *, config: str | None = None, split: str = "trai
     Raises:
         FileNotFoundError: a local path that does not exist, or a Hub id that cannot be loaded (offline and not
             cached, or no such dataset).
+        triage_trl.preflight.PromptError: an empty or non-text prompt (names the row).
         ValueError: an unknown split or file type, a mapped column that is not there, no ``prompt`` column, an
             unknown ``answer_kind`` or prompt format, an ``answer_kind`` column next to ``answer_kind=``, or ``size``
             out of range.
@@ -58,6 +59,7 @@ def custom_dataset(source: str, *, config: str | None = None, split: str = "trai
     if "prompt" not in ds.column_names:
         raise ValueError(f"{source} has no 'prompt' column (it has {', '.join(ds.column_names)}): map one with "
                          "--dataset_column_map, e.g. '{\"question\": \"prompt\"}'.")
+    check_prompts(ds["prompt"], what=source)  # before the boxed_chat wrapping hides an empty question
     if size is not None:
         if not 1 <= size <= len(ds):
             raise ValueError(f"dataset_size={size} must be between 1 and the {len(ds)} rows of {source}.")

@@ -9,8 +9,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 
 from .. import __version__
 
@@ -37,9 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-model", default=None,
                    help="the card's base_model (default: the run's, from its card), e.g. the trained run's Hub repo")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output folder (an earlier export; never a run folder or one "
+                   "holding one)")
     p.add_argument("--version", action="version", version=f"triage-trl {__version__}")
     return p
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("triage_trl").setLevel(logging.INFO)
+    with _sigterm_exits():
+        return _export(args)
+
+
+@contextlib.contextmanager
+def _sigterm_exits():
+    """SIGTERM raises ``SystemExit`` (an ordinary exit, so the partial folder is deleted) while exporting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _export(args) -> int:
     from .writer import export_run
 
     try:

@@ -7,8 +7,14 @@ sampler's checkpoint writer (``sampler.vllm_engine.write_engine_checkpoint``: co
 quantisation config, dtype bf16, tokenizer). Only the weights are laid out differently: in safetensors shards with
 an index (``huggingface_hub.save_torch_state_dict``), plus the generation config and a card.
 
-Everything is written into a temporary folder next to the output and renamed into place at the end, so a failed
-export leaves nothing behind and a finished one is complete.
+Everything is written into a temporary folder next to the output (``.<name>.partial-<pid>-*``) and renamed into
+place at the end, so a failed export leaves nothing behind and a finished one is complete. A partial folder left by a
+killed export (its process is gone) is deleted by the next export to the same output; ``triage-export`` turns
+SIGTERM into an ordinary exit, which deletes its own.
+
+The output is never a training run: ``--output`` (with or without ``--overwrite``) is refused when it is a run folder
+(``triage_run.json``, ``trainer_state.json``, ``training_args.bin`` or a ``checkpoint-N`` folder in it), holds one at
+any depth, or contains the run being exported, so an export cannot replace or delete a run.
 """
 
 from __future__ import annotations
@@ -42,16 +48,81 @@ class ExportResult:
     hub_url: str | None = None
 
 
-def check_output_dir(output_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """The output folder, refused when it exists with files in it and ``overwrite`` is off.
+RUN_MARKERS = ("triage_run.json", "trainer_state.json", "training_args.bin")
+"""Files that make a folder a training run's output folder (with ``checkpoint-N`` subfolders)."""
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Is ``folder`` a training run's output folder (or a checkpoint of one)?"""
+    if any((folder / m).is_file() for m in RUN_MARKERS):
+        return True
+    return any(p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit() for p in folder.iterdir())
+
+
+def _run_inside(folder: Path, max_depth: int = 4) -> Path | None:
+    """The first run folder at or below ``folder`` (``max_depth`` levels down), else ``None``."""
+    for root, dirs, _ in os.walk(folder):
+        here = Path(root)
+        if is_run_folder(here):
+            return here
+        if len(here.relative_to(folder).parts) >= max_depth:
+            dirs.clear()
+    return None
+
+
+def check_output_dir(output_dir: str | os.PathLike, *, overwrite: bool = False,
+                     run_dir: str | os.PathLike | None = None) -> Path:
+    """The output folder, refused when it exists with files in it and ``overwrite`` is off, and always when it is, holds
+    or contains a training run (``run_dir`` included).
 
     Raises:
-        FileExistsError: ``output_dir`` is a file, or a folder with files and ``overwrite`` is off.
+        FileExistsError: ``output_dir`` is a file; a folder with files and ``overwrite`` is off; a run folder, a folder
+            holding one, or the run's own folder or one above it.
     """
     out = Path(output_dir)
+    remedy = (f"choose an --output outside it, e.g. {out.resolve().name}-nvfp4 next to it; --overwrite only replaces "
+              "an earlier export")
+    if run_dir is not None:
+        run = Path(run_dir).resolve()
+        if out.resolve() == run or out.resolve() in run.parents:
+            raise FileExistsError(f"--output {out} is the run folder {run_dir} or holds it, and would replace it: "
+                                  f"{remedy}.")
+    if out.is_dir():
+        inside = _run_inside(out)
+        if inside is not None:
+            what = "is a training run's folder" if inside == out else f"holds a training run ({inside})"
+            raise FileExistsError(f"--output {out} {what}, which an export never replaces: {remedy}.")
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not overwrite):
         raise FileExistsError(f"{out} already exists: choose a new --output folder, or pass --overwrite to replace it.")
     return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Delete the ``.<name>.partial-<pid>-*`` / ``.<name>.old-<pid>-*`` folders next to ``out`` whose export process is
+    no longer running (killed during an export). Returns what was deleted."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for path in out.parent.iterdir():
+        for kind in (".partial-", ".old-"):
+            prefix = f".{out.name}{kind}"
+            if path.name.startswith(prefix) and path.is_dir():
+                pid = path.name[len(prefix):].split("-", 1)[0]
+                if not pid.isdigit() or not _pid_alive(int(pid)):
+                    logger.warning("Removing %s, left by an export that was interrupted.", path)
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+    return removed
 
 
 def export_run(
@@ -82,13 +153,15 @@ def export_run(
 
     Raises:
         FileNotFoundError, ValueError: a bad run folder or checkpoint (:func:`find_export_source`).
-        FileExistsError: ``output_dir`` holds files and ``overwrite`` is off.
+        FileExistsError: ``output_dir`` holds files and ``overwrite`` is off; it is, holds or contains a training
+            run (never replaced, with or without ``overwrite``).
         KeyError, ValueError: the weights cannot be quantised (NaN or inf, naming the layer).
     """
     source = find_export_source(run_dir, checkpoint)
-    out = check_output_dir(output_dir, overwrite=overwrite)
+    out = check_output_dir(output_dir, overwrite=overwrite, run_dir=run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     try:
         result = _write(source, tmp, out, push_to_hub, base_model, max_shard_size)
         _move_into_place(tmp, out)
@@ -177,7 +250,7 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished ``tmp`` to ``out``; an existing ``out`` (empty, or replaced) is removed only after."""
     old = None
     if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
         os.replace(out, old / out.name)
     os.replace(tmp, out)
     if old is not None:

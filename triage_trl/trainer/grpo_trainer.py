@@ -21,12 +21,16 @@ from trl import GRPOTrainer
 
 from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
+from ..run_folder import refuse_existing_run
 from ..runtime import check_learner_dtype, compute_dtype_reason
 from ..segments import build_newline_table, segment_ids
+from .checkpoints import atomic_checkpoint, remove_partials, resolve_resume
 from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
+from .reward_checks import check_rewards
+from .run_checks import check_run_inputs, hold_output_dir
 from .sync_probe import StaleSamplerError, check_probe_gap, probe_batch, probe_gap, probe_token_ids
 from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
@@ -58,8 +62,14 @@ class TriageGRPOTrainer(GRPOTrainer):
             every launch configuration (each rank calibrates on the same rows).
         **kwargs: every other [`~trl.GRPOTrainer`] argument (``train_dataset``, ``peft_config``, ...).
 
+    Before TRL loads the model, the output folder is checked (writable, room for a checkpoint) and its run lock taken,
+    and every prompt is checked (``triage_trl.trainer.run_checks``). Checkpoints are written aside and renamed
+    (``triage_trl.trainer.checkpoints``); ``train(resume_from_checkpoint=...)`` resumes from the last complete one.
+
     Raises:
         ValueError: ``calibration_dataset`` has no row or no ``prompt`` column.
+        triage_trl.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run holds.
+        triage_trl.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
         NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
             log-probs TRIAGE needs on every path).
@@ -82,6 +92,12 @@ class TriageGRPOTrainer(GRPOTrainer):
                 "TRIAGE with a rollout_func is not supported: the sampler log-probs and sync probe TRIAGE relies on "
                 "come from its own colocated sampler. Drop rollout_func, or set triage_mode='off'."
             )
+        calibration = _calibration_prompts(calibration_dataset, args.nvfp4_calibration_prompts) if (
+            calibration_dataset is not None and args.use_vllm and args.sampler_precision == "nvfp4") else None
+        self._prior_run = check_run_inputs(
+            model, args, train_dataset=kwargs.get("train_dataset"), eval_dataset=kwargs.get("eval_dataset"),
+            calibration_prompts=calibration, processing_class=kwargs.get("processing_class"))
+        self._run_lock = hold_output_dir(self, args)
         self.triage_mode = args.triage_mode
         self.triage_metrics = TriageMetricsLog()
         self.triage_history: list[dict[str, float]] = []
@@ -213,6 +229,12 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        missing = check_rewards(rewards_per_func, names=getattr(self, "reward_func_names", None),
+                                weights=self.reward_weights, num_generations=num_generations,
+                                step=self.state.global_step)
+        # Already global (gathered rewards): TRL's own metric buffer, no collective.
+        self._metrics["train" if self.model.training else "eval"]["triage/reward_missing_frac"].append(missing)
         if self.triage_mode != "off":
             num_generations = self.num_generations if self.model.training else self.num_generations_eval
             self._zero_signal = zero_reward_spread(self._rewards_for_spread(rewards_per_func), num_generations)
@@ -293,6 +315,31 @@ class TriageGRPOTrainer(GRPOTrainer):
                 {"step": self.state.global_step + 1, **{k.removeprefix("triage/"): v for k, v in reduced.items()}}
             )
         return result.weights
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """TRL's ``train``, resuming from the last *complete* checkpoint (``triage_trl.trainer.checkpoints``:
+        ``True``, a run folder or a ``checkpoint-N`` path; incomplete ones are skipped with a warning).
+
+        Raises:
+            triage_trl.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run before this
+                trainer was built.
+            ValueError: ``resume_from_checkpoint`` set but no complete checkpoint found.
+        """
+        resume = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if self._prior_run:
+            refuse_existing_run(self.args.output_dir, resume)
+        if self.args.should_save:
+            remove_partials(self.args.output_dir)
+        return super().train(resume_from_checkpoint=resume, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
+                             **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        """TRL's ``_save_checkpoint`` (transformers' plus the model card), written aside and renamed into place
+        (``checkpoints.atomic_checkpoint``), so a kill leaves the previous or the new complete checkpoint."""
+        with atomic_checkpoint(self, trial):
+            super()._save_checkpoint(model, trial)
 
     # ------------------------------------------------------------------ logging and card
 

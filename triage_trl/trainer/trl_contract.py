@@ -55,6 +55,13 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
                 "TRIAGE's weights reach the loss through TRL's importance-sampling hook",
                 ('per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]',
                  "self.use_vllm and self.vllm_importance_sampling_correction")),
+    Requirement("transformers.trainer:Trainer._save_checkpoint",
+                "checkpoints.atomic_checkpoint: every checkpoint file goes under self._get_output_dir(), which it "
+                "points at a staging folder; it rotates checkpoints itself after the rename",
+                ("run_dir = self._get_output_dir(trial=trial)", "os.path.join(run_dir, checkpoint_folder)",
+                 "save_total_limit=self.args.save_total_limit")),
+    Requirement("trl:GRPOTrainer._save_checkpoint", "its extra checkpoint files go under self._get_output_dir() too",
+                ("self._get_output_dir(trial=trial)", "super()._save_checkpoint(model, trial)")),
     Requirement("trl:GRPOTrainer.log", "TriageGRPOTrainer.log adds the triage/ metrics and drops TRL's ratio metrics",
                 ("self._metrics[mode]",)),
     Requirement("trl.trainer.utils:get_config_model_id", "the model card's base model"),

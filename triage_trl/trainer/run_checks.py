@@ -1,0 +1,74 @@
+"""What ``TriageGRPOTrainer`` checks before TRL loads the model: the output folder and the prompts.
+
+* the output folder can be written and has room for one checkpoint (``triage_trl.run_folder.check_output_dir``);
+* the main process takes the folder's run lock (``triage_trl.run_folder.RunLock``), so a second live run on the same
+  ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
+* every prompt of ``train_dataset``/``eval_dataset`` and of the calibration prompts is non-empty text (or chat
+  messages) and fits the sampler's context (``triage_trl.preflight.check_prompts``).
+
+Launch configurations: single process, DDP, FSDP2, ZeRO; the checks run on every process (read-only), the lock is
+taken by the main process only (``args.should_save``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from ..preflight import check_prompts, context_tokens, dataset_prompts
+from ..run_folder import RunLock, check_output_dir, checkpoint_bytes, existing_run, model_bytes
+
+
+def _model_config_and_tokenizer(model, processing_class):
+    """The model's config and tokenizer without loading its weights (``None`` for what cannot be had)."""
+    config = getattr(model, "config", None)
+    tokenizer = getattr(processing_class, "tokenizer", None) or processing_class
+    if isinstance(model, str):
+        from transformers import AutoConfig, AutoTokenizer
+
+        try:
+            config = AutoConfig.from_pretrained(model)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(model)
+        except (OSError, ValueError):  # TRL raises its own error for a model it cannot find
+            return config, tokenizer if callable(tokenizer) else None
+    return config, tokenizer if callable(tokenizer) else None
+
+
+def check_run_inputs(model, args, *, train_dataset=None, eval_dataset=None, calibration_prompts=None,
+                     processing_class=None) -> list[str]:
+    """Check the output folder and the prompts of a run before its model loads.
+
+    Returns:
+        What ``args.output_dir`` already held (``checkpoint-N``, ``trainer_state.json``): a new run there is refused
+        at ``train()`` unless it resumes.
+
+    Raises:
+        triage_trl.run_folder.OutputFolderError: a read-only or full output folder.
+        triage_trl.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
+    """
+    weights = model_bytes(model)
+    needed = checkpoint_bytes(weights, save_only_model=args.save_only_model) if weights else None
+    check_output_dir(args.output_dir, needed_bytes=needed if args.save_strategy != "no" else weights)
+    config, tokenizer = _model_config_and_tokenizer(model, processing_class)
+    context = context_tokens(args, config)
+    datasets = [("train_dataset", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        datasets += [(f"eval_dataset[{k!r}]", v) for k, v in eval_dataset.items()]
+    else:
+        datasets.append(("eval_dataset", eval_dataset))
+    for name, data in datasets:
+        prompts = dataset_prompts(data)
+        if prompts is not None:
+            check_prompts(prompts, what=name, tokenizer=tokenizer, context_tokens=context)
+    if calibration_prompts:
+        check_prompts(calibration_prompts, what="calibration_dataset", tokenizer=tokenizer, context_tokens=context)
+    return existing_run(args.output_dir)
+
+
+def hold_output_dir(trainer, args) -> RunLock | None:
+    """Take ``args.output_dir``'s run lock on the main process, released when ``trainer`` is collected or at exit."""
+    if not args.should_save:
+        return None
+    lock = RunLock(args.output_dir).acquire()
+    weakref.finalize(trainer, lock.release)
+    return lock
