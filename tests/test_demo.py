@@ -73,3 +73,18 @@ def test_quick_demo_run(smollm2_dir, tmp_path, capfd):
     assert all(os.path.getsize(os.path.join(out, "plots", p)) > 1000 for p in summary["plots"])
     printed = capfd.readouterr().out
     assert "held-out accuracy before (greedy)" in printed and "optimizer steps" in printed
+
+
+def test_an_earlier_run_is_moved_aside_not_mixed_or_deleted(tmp_path, capsys):
+    from triage_trl.demo import _move_earlier_run_aside
+
+    out = tmp_path / "demo"
+    assert _move_earlier_run_aside(str(out)) is None  # nothing there yet
+    out.mkdir()
+    (out / "trainer_state.json").write_text("{}")
+    assert _move_earlier_run_aside(str(out)) == f"{out}.previous-1"
+    assert not out.exists() and (tmp_path / "demo.previous-1" / "trainer_state.json").read_text() == "{}"
+    out.mkdir()
+    (out / "trainer_state.json").write_text("[]")
+    assert _move_earlier_run_aside(str(out)) == f"{out}.previous-2"
+    assert "moved to" in capsys.readouterr().out

@@ -143,7 +143,9 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
     """Train, evaluate before/after, save model/card/log/plots; returns the summary dict (also saved as JSON).
 
     Args:
-        output_dir: run folder (created).
+        output_dir: run folder (created). A folder holding an earlier run is moved aside first, to
+            ``<output_dir>.previous-<N>`` (the trainer refuses a new run into a folder that holds one), so ``make demo``
+            can run again and loses nothing.
         model: ``None`` for the embedded default SmolLM2-135M-Instruct, or a local folder / Hub id.
         quick: the CI smoke settings (:data:`QUICK`) instead of :data:`DEMO_DEFAULTS`.
         overrides: any :data:`DEMO_DEFAULTS` key.
@@ -160,6 +162,20 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
         return _run(output_dir, model, seed, plots, settings)
 
 
+def _move_earlier_run_aside(output_dir: str) -> str | None:
+    """Rename a folder holding an earlier run to the first free ``<output_dir>.previous-<N>``; returns its new name."""
+    from .run_folder import existing_run
+
+    if not existing_run(output_dir):
+        return None
+    n = 1
+    while os.path.exists(f"{output_dir}.previous-{n}"):
+        n += 1
+    os.rename(output_dir, f"{output_dir}.previous-{n}")
+    print(f"{output_dir} held an earlier run: moved to {output_dir}.previous-{n}", flush=True)
+    return f"{output_dir}.previous-{n}"
+
+
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
     from .data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .eval.held_out import items_won_lost, paired_difference, shared_prompts
@@ -168,6 +184,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
     from .trainer.model_card import mismatch_summary
 
     start = time.perf_counter()
+    _move_earlier_run_aside(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     model_path = resolve_model(model, output_dir)
     train = reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed)
