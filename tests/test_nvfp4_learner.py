@@ -98,6 +98,22 @@ def test_weight_cache_is_reused_until_invalidated(monkeypatch):
     assert calls == [(48, 64)] * 2
 
 
+def test_a_frozen_nvfp4_base_keeps_its_cached_weight_across_optimizer_steps(monkeypatch):
+    """LoRA on a frozen NVFP4 base: an optimizer step changes only the adapters, so the step hook leaves the cached
+    fake-quantised base weight alone; a trainable weight is re-quantised after each step."""
+    calls = _count_weight_quantisations(monkeypatch)
+    layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
+    layer.weight.requires_grad_(False)
+    layer(x)
+    assert invalidate_nvfp4_weight_caches(layer, trainable_only=True) == 0
+    layer(x)
+    assert calls == [(48, 64)]
+    layer.weight.requires_grad_(True)
+    assert invalidate_nvfp4_weight_caches(layer, trainable_only=True) == 1
+    layer(x)
+    assert calls == [(48, 64)] * 2
+
+
 def test_deepspeed_style_data_copy_is_fresh_after_invalidation():
     layer, x = _layer(dtype=torch.float32), torch.randn(4, 64)
     before = layer(x)

@@ -182,16 +182,24 @@ def _convert_experts(root: nn.Module, selection: NVFP4LayerSelection, config: NV
             four_over_six=config.nvfp4_four_over_six))
 
 
-def invalidate_nvfp4_weight_caches(model: nn.Module) -> int:
+def invalidate_nvfp4_weight_caches(model: nn.Module, *, trainable_only: bool = False) -> int:
     """Mark the weights of every emulated NVFP4 layer in ``model`` as changed: each re-quantises its weight at its
     next forward. Call it after anything that changes the master weights in place (an optimizer step, DeepSpeed's
     ``.data.copy_``, loading a state dict); ``register_nvfp4_cache_invalidation`` and ``NVFP4WeightCacheCallback``
     call it after every optimizer step. Works through PEFT, DDP and FSDP wrappers (walks ``model.modules()``).
 
+    Args:
+        trainable_only: after an optimizer step: leave the caches alone when no NVFP4 layer's weight requires a
+            gradient (LoRA on a frozen NVFP4 base: the step changed only the adapters, so re-quantising every base
+            weight at each step would redo identical work).
+
     Returns:
         The number of emulated NVFP4 layers whose cache it invalidated (0 for a model without any).
     """
     layers = [m for m in model.modules() if isinstance(m, (NVFP4EmulatedLinear, NVFP4EmulatedExperts))]
+    if trainable_only and not any(p.requires_grad for m in layers for name, p in m.named_parameters(recurse=False)
+                                  if not name.endswith("bias")):  # the quantised weights, not the biases
+        return 0
     for generation in {id(m.weight_generation): m.weight_generation for m in layers}.values():
         generation.advance()
     return len(layers)
@@ -201,7 +209,8 @@ def register_nvfp4_cache_invalidation(optimizer: torch.optim.Optimizer, model: n
     """Invalidate ``model``'s NVFP4 weight caches after every ``optimizer.step()`` (torch's public
     ``register_step_post_hook``); for training loops outside ``transformers.Trainer``. Returns the hook handle
     (``.remove()`` detaches it)."""
-    return optimizer.register_step_post_hook(lambda _optimizer, _args, _kwargs: invalidate_nvfp4_weight_caches(model))
+    return optimizer.register_step_post_hook(
+        lambda _optimizer, _args, _kwargs: invalidate_nvfp4_weight_caches(model, trainable_only=True))
 
 
 def learner_execution_paths(model: nn.Module) -> dict[str, str]:
