@@ -160,9 +160,8 @@ def run_arm(arm: str, model: str | None, work_dir: str, args) -> tuple[dict[str,
         clock = StepClock(trainer)
         trainer.add_callback(clock)
         with trainer:
+            floor = StepFloor(trainer.model, engine_bytes_per_param=engine_dtype().itemsize)  # rates: once, first arm
             trainer.train()
-            tokens = statistics.mean(w["logprobs"] for w in clock.work) / 4  # about one forward's batch
-            floor = StepFloor(trainer.model, int(tokens), engine_bytes_per_param=engine_dtype().itemsize)
     print(f"{arm}: {floor.rates()}", flush=True)
     timed_steps, timed_work = clock.steps[args.warmup:], clock.work[args.warmup:]
     times = {key: statistics.mean(s[key] for s in timed_steps) for key in (*PHASES, "other", "step")}

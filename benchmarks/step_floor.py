@@ -14,8 +14,9 @@ The floor of a phase counts only the work it cannot avoid, at the machine's meas
   (8 x trainable bytes / copy bandwidth).
 
 Rates: float32 GEMMs (and bf16 where the CPU has AVX512-BF16 or AMX) timed on each distinct linear shape of the
-model at the step's token count, weighted by how often the shape occurs; copy bandwidth from a 256 MiB
-``Tensor.copy_`` (bytes read + written per second).
+model at 2048 tokens (about one demo batch), weighted by how often the shape occurs; copy bandwidth from a 256 MiB
+``Tensor.copy_`` (bytes read + written per second). They are measured once per process, before the first arm
+trains, and shared by every arm, so the arms' floors compare alike even when other jobs load the machine later.
 """
 
 from __future__ import annotations
@@ -63,17 +64,30 @@ def copy_bandwidth(mib: int = 256) -> float:
     return 2 * src.numel() / _best_seconds(lambda: dst.copy_(src))
 
 
+_RATES: dict = {}
+
+
+def machine_rates(shapes: Counter, tokens: int = 2048) -> tuple[float, float, float | None]:
+    """``(fp32 FLOP/s, copy bytes/s, bf16 FLOP/s or None)`` on ``shapes``, measured at the first call and reused."""
+    key = tuple(sorted(shapes.items()))
+    if key not in _RATES:
+        from triage_trl.runtime import native_bf16_gemm
+
+        bf16 = gemm_throughput(shapes, tokens, torch.bfloat16) if native_bf16_gemm("cpu") else None
+        _RATES[key] = (gemm_throughput(shapes, tokens, torch.float32), copy_bandwidth(), bf16)
+    return _RATES[key]
+
+
 class StepFloor:
     """The floor of each phase of a step of ``model``, from this machine's measured rates.
 
     Args:
         model: the learner (after the trainer built it: PEFT-wrapped, NVFP4-converted).
-        tokens: learner tokens per forward pass (prompts + completions of the step's batch), for the GEMM timing.
         engine_bytes_per_param: bytes per weight the sampler reads when decoding (4 for a float32 engine, 2 bf16).
         dtype: the learner's GEMM dtype.
     """
 
-    def __init__(self, model: torch.nn.Module, tokens: int, engine_bytes_per_param: int, dtype=torch.float32):
+    def __init__(self, model: torch.nn.Module, engine_bytes_per_param: int):
         self.base_shapes = linear_shapes(model)
         self.linear_params = sum(k * n * c for (k, n), c in self.base_shapes.items())
         params = list(model.parameters())
@@ -82,13 +96,7 @@ class StepFloor:
         trainable = sum(p.numel() for p in params if p.requires_grad)
         self.trainable_share = min(1.0, trainable / self.linear_params)
         self.engine_bytes = self.linear_params * engine_bytes_per_param
-        self.flops_per_s = gemm_throughput(self.base_shapes, tokens, dtype)
-        self.bytes_per_s = copy_bandwidth()
-        self.bf16_flops_per_s = None
-        from triage_trl.runtime import native_bf16_gemm
-
-        if native_bf16_gemm("cpu"):
-            self.bf16_flops_per_s = gemm_throughput(self.base_shapes, tokens, torch.bfloat16)
+        self.flops_per_s, self.bytes_per_s, self.bf16_flops_per_s = machine_rates(self.base_shapes)
 
     def forward(self, tokens: int) -> float:
         return 2.0 * self.linear_params * tokens / self.flops_per_s
