@@ -38,7 +38,7 @@ class StaleSamplerError(RuntimeError):
 PROBE_FLOOR_FLOAT32 = 0.02  # both float32, no NVFP4: accumulation order only
 PROBE_FLOOR_HALF = 0.1  # bf16 on one side or both (also both NVFP4: same codes, other activation scales)
 PROBE_FLOOR_MIXED = 0.5  # NVFP4 on one side only: the quantisation error itself
-UNTRACKED_SHARE = 0.5  # stale or partial: the sampler missed more than this share of the learner's move
+UNTRACKED_SHARE = 0.25  # stale or partial: the sampler missed more than this share of the learner's move
 _HALF_DTYPES = ("bfloat16", "float16")
 
 
@@ -99,7 +99,9 @@ def untracked_move(learner_logps: torch.Tensor, sampler_logps: torch.Tensor, pre
 def classify_probe(gap: float, bound: float, *, step: int, what: str, first: bool, moved: float | None = None,
                    untracked: float | None = None, rank: int | None = None, step0_gap: float | None = None
                    ) -> ProbeVerdict:
-    """Sort one probe gap (nats) into ok, drift or an error (:class:`ProbeVerdict`).
+    """Sort one probe gap (nats) into ok, drift or an error (:class:`ProbeVerdict`): non-finite is corrupt; at the
+    first probe, above ``bound`` is a mismatch; later, a sampler that missed more than :data:`UNTRACKED_SHARE` of the
+    learner's move (and more than ``bound / 4`` nats) is stale, whatever the gap; above ``bound`` otherwise is drift.
 
     Args:
         gap: mean |learner - sampler| over the probe (``inf`` when non-finite).
@@ -116,22 +118,26 @@ def classify_probe(gap: float, bound: float, *, step: int, what: str, first: boo
         return ProbeVerdict("corrupt", f"{head} by {gap} nats (non-finite): the sampler is corrupt (a bad reload, "
                                        f"e.g. per-tensor loading on the vLLM CPU build; {what}). Check the sampler's "
                                        "sync_weights.")
-    if gap <= bound:
-        return ProbeVerdict("ok")
     if first or moved is None or untracked is None:
+        if gap <= bound:
+            return ProbeVerdict("ok")
         return ProbeVerdict(
             "mismatch",
-            f"{head} by {gap:.4g} nats on average at the run's first sync, before any update (bound {bound:.4g} for {what}): the sampler does "
-            "not compute the model the learner computes. Stale or corrupt sampler weights (a reload that does not "
+            f"{head} by {gap:.4g} nats on average at the run's first sync, before any update (bound {bound:.4g} for "
+            f"{what}): the sampler does not compute the model the learner computes. Stale or corrupt sampler weights "
+            "(a reload that does not "
             "reach every tensor of this architecture), or kernels of another precision. Check the sampler's "
             "sync_weights and kernel report; raise sync_probe_max_gap only if this gap is the expected precision "
             "mismatch.")
+    # Judged below the bound too: a stale sampler is caught as soon as the learner moved more than the noise.
     if untracked > UNTRACKED_SHARE * moved and untracked > bound / 4:
         return ProbeVerdict(
             "stale",
             f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}). The sampler is stale or partially "
             f"synced: since the previous sync the learner's log-probs moved {moved:.4g} nats, and the sampler missed "
             f"{untracked:.4g} of that move (a skipped or partial weight sync). Check the sampler's sync_weights.")
+    if gap <= bound:
+        return ProbeVerdict("ok")
     base = f", {step0_gap:.4g} at the first sync" if step0_gap is not None else ""
     return ProbeVerdict(
         "drift",
