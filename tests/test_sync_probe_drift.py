@@ -41,9 +41,9 @@ def test_rule_stale_partial_drift_and_first_probe():
     assert _verdict(moved, [m + 0.01 for m in moved], prev, prev).kind == "ok"
     still = _verdict(prev, prev, prev, prev)  # no move, no gap
     assert still.kind == "ok"
-    # A stale sampler is caught below the bound too, once the learner moved more than the noise.
+    # Below the bound nothing is judged stale: step-to-step bf16 noise can exceed a small move (measured on Cohere2)
     small = [p + 0.06 for p in prev]
-    assert _verdict(small, prev, prev, prev).kind == "stale"
+    assert _verdict(small, prev, prev, prev).kind == "ok"
     first = classify_probe(0.3, 0.1, step=0, what="learner bf16 ..., sampler bf16 ...", first=True)
     assert first.kind == "mismatch" and "before any update" in first.message and "0.3 nats" in first.message
     assert classify_probe(math.inf, 0.1, step=0, what="t", first=True).kind == "corrupt"

@@ -100,8 +100,8 @@ def classify_probe(gap: float, bound: float, *, step: int, what: str, first: boo
                    untracked: float | None = None, rank: int | None = None, step0_gap: float | None = None
                    ) -> ProbeVerdict:
     """Sort one probe gap (nats) into ok, drift or an error (:class:`ProbeVerdict`): non-finite is corrupt; at the
-    first probe, above ``bound`` is a mismatch; later, a sampler that missed more than :data:`UNTRACKED_SHARE` of the
-    learner's move (and more than ``bound / 4`` nats) is stale, whatever the gap; above ``bound`` otherwise is drift.
+    first probe, above ``bound`` is a mismatch; later, above ``bound``, a sampler that missed more than
+    :data:`UNTRACKED_SHARE` of the learner's move (and more than ``bound / 4`` nats) is stale, otherwise it drifted.
 
     Args:
         gap: mean |learner - sampler| over the probe (``inf`` when non-finite).
@@ -125,19 +125,17 @@ def classify_probe(gap: float, bound: float, *, step: int, what: str, first: boo
             "mismatch",
             f"{head} by {gap:.4g} nats on average at the run's first sync, before any update (bound {bound:.4g} for "
             f"{what}): the sampler does not compute the model the learner computes. Stale or corrupt sampler weights "
-            "(a reload that does not "
-            "reach every tensor of this architecture), or kernels of another precision. Check the sampler's "
-            "sync_weights and kernel report; raise sync_probe_max_gap only if this gap is the expected precision "
-            "mismatch.")
-    # Judged below the bound too: a stale sampler is caught as soon as the learner moved more than the noise.
+            "(a reload that does not reach every tensor of this architecture), or kernels of another precision. "
+            "Check the sampler's sync_weights and kernel report; raise sync_probe_max_gap only if this gap is the "
+            "expected precision mismatch.")
+    if gap <= bound:  # below it, step-to-step precision noise can exceed a small move (Cohere2: 0.025 of 0.018 nats)
+        return ProbeVerdict("ok")
     if untracked > UNTRACKED_SHARE * moved and untracked > bound / 4:
         return ProbeVerdict(
             "stale",
             f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}). The sampler is stale or partially "
             f"synced: since the previous sync the learner's log-probs moved {moved:.4g} nats, and the sampler missed "
             f"{untracked:.4g} of that move (a skipped or partial weight sync). Check the sampler's sync_weights.")
-    if gap <= bound:
-        return ProbeVerdict("ok")
     base = f", {step0_gap:.4g} at the first sync" if step0_gap is not None else ""
     return ProbeVerdict(
         "drift",
