@@ -80,7 +80,7 @@ from triage_trl.data.arith import arith_dataset
 from triage_trl.rewards import digit_share_reward
 from triage_trl.runtime import vllm_process_settings
 from triage_trl.sampler import engine
-from triage_trl.testing import save_tiny_qwen3
+from triage_trl.testing import save_tiny_qwen3, save_tiny_qwen3_moe
 from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
 
 def state():
@@ -118,7 +118,9 @@ with vllm_process_settings(cpu_kv_cache_gib=1):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        third = TriageGRPOTrainer(model, digit_share_reward, args=args("third"), train_dataset=ds)
+        # a MoE model next to the dense engine: vLLM made no expert-parallel group for the dense one
+        moe = str(save_tiny_qwen3_moe("tiny-moe"))
+        third = TriageGRPOTrainer(moe, digit_share_reward, args=args("third"), train_dataset=ds)
     out["warned_close"] = any("close()" in str(w.message) for w in caught)
     third.train()  # next to the first one's engine
     first.sync_sampler()  # the first still syncs and probes next to the third
@@ -141,7 +143,8 @@ print("RESULT " + json.dumps(out))
 
 def test_three_trainers_in_one_process_none_closed_the_middle_one_failing(tmp_path):
     """TRL's tests build trainer after trainer in one process and never call close(): the middle construction fails
-    after its engine started; the first trainer's engine still runs when the third starts, and both keep working.
+    after its engine started; the first trainer's engine still runs when the third (a MoE model) starts, and both
+    keep working.
     Closing them afterwards puts the process back as it was found."""
     env = child_process_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", THREE_TRAINERS], cwd=tmp_path, env=env, capture_output=True,

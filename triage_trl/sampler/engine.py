@@ -172,7 +172,8 @@ class TriageVLLMGeneration(VLLMGeneration):
         self._write_structural_checkpoint()
         kernel_kwargs = self._choose_nvfp4_kernel()
         with _restored_env(rendezvous):  # read once, when the engine joins its group; left set, they would make
-            self._start_engine(kernel_kwargs)  # every later Accelerator of this process a MULTI_CPU one
+            _ensure_expert_group(_hf_model(self.model), self.tensor_parallel_size)  # every later Accelerator
+            self._start_engine(kernel_kwargs)  # of this process a MULTI_CPU one
         self._shutdown = _own_engine_teardown(self, self.llm)
         try:
             if self.sampler_kernel is not None:
@@ -490,6 +491,26 @@ def _shutdown_engine(core, token: int) -> None:
     core.shutdown()  # the last engine: vLLM's full teardown, then the process as the first engine found it
     if _FOUND:
         _restore_process_state(_FOUND)
+
+
+_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _ensure_expert_group(model, tensor_parallel_size: int) -> None:
+    """Create vLLM's expert-parallel group for a MoE model when an earlier engine of this process (a dense model)
+    created the shared parallel groups without it: vLLM 0.31 makes it only when the first engine serves a MoE model
+    (``initialize_model_parallel``), so a MoE engine started next to a dense one failed with "expert parallel group
+    is not initialized". Colocated engines have no data or context parallelism: its groups are the TP groups."""
+    from vllm.distributed import parallel_state as ps
+
+    config = getattr(model, "config", None)
+    moe = any(int(getattr(config, key, 0) or 0) > 0 for key in _MOE_CONFIG_KEYS)
+    if not moe or ps._EP is not None or not ps.model_parallel_is_initialized():
+        return
+    world = ps.get_world_group()
+    ranks = [list(range(i, i + tensor_parallel_size)) for i in range(0, world.world_size, tensor_parallel_size)]
+    ps._EP = ps.init_model_parallel_group(ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
+                                          group_name="ep")
 
 
 _RENDEZVOUS_SET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
