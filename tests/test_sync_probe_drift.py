@@ -67,7 +67,6 @@ def tiny_qwen2(tmp_path_factory):
 def _trainer(tmp_path, model, **overrides):
     from datasets import Dataset
 
-    from triage_trl.testing import CHAT_TEMPLATE  # noqa: F401  (the tiny tokenizer's, for the record)
     from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
 
     prompts = ["Beautiful is better than", "Explicit is", "Simple is better than", "Complex is better than",

@@ -345,8 +345,8 @@ def test_train_with_additional_generation_kwargs_refused(tmp_path):
 # TRL's list is [False, "group", "batch", True, "none"]; True is "group" and False is "none" in GRPOConfig
 @pytest.mark.parametrize("scale_rewards", [False, "group", "batch"])
 def test_train_scale_rewards(tiny, tmp_path, scale_rewards):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, scale_rewards=scale_rewards),
-                      train_dataset=zen("standard_prompt_only"))
+    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"),
+                      args=_args(tmp_path, scale_rewards=scale_rewards), train_dataset=zen("standard_prompt_only"))
     _train_and_check(trainer)
 
 

@@ -3,8 +3,9 @@
 ``save_tiny_qwen3(path)`` writes a randomly initialised Qwen3 causal LM and a byte-level BPE
 tokenizer trained on a few built-in sentences, as an ordinary ``from_pretrained`` folder that
 transformers and vLLM both load; ``save_tiny_qwen3_moe(path)`` the same for a Qwen3-MoE (a few
-experts, top-2 routing); ``save_tiny_model(path, architecture, **config)`` for any other transformers family. Every linear layer and expert has dimensions that are multiples of 16, so
-the whole decoder can run in NVFP4.
+experts, top-2 routing); ``save_tiny_model(path, architecture, **config)`` for any other transformers
+family. Every linear layer and expert of the Qwen3 models has dimensions that are multiples of 16, so the
+whole decoder can run in NVFP4.
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ class TriageGRPOTrainer(GRPOTrainer):
                 super().__init__(model, reward_funcs, args, **kwargs)
             if self.use_vllm and (len(built) != 1 or self.vllm_generation is not built[0]):
                 raise TRLContractError(
-                    "TRL did not build its vLLM sampler through triage-trl's factory, so TRIAGE's export, one-call sync "
-                    "and sync probe would not run. triage-trl supports TRL 1.16.x: install trl>=1.16,<1.17."
+                    "TRL did not build its vLLM sampler through triage-trl's factory, so TRIAGE's export, one-call "
+                    "sync and sync probe would not run. triage-trl supports TRL 1.16.x: install trl>=1.16,<1.17."
                 )
             self.triage_metrics.accelerator = self.accelerator
             self.vllm_importance_sampling_correction = args.uses_trl_is_hook
