@@ -3,8 +3,9 @@
 ``save_tiny_qwen3(path)`` writes a randomly initialised Qwen3 causal LM and a byte-level BPE
 tokenizer trained on a few built-in sentences, as an ordinary ``from_pretrained`` folder that
 transformers and vLLM both load; ``save_tiny_qwen3_moe(path)`` the same for a Qwen3-MoE (a few
-experts, top-2 routing). Every linear layer and expert has dimensions that are multiples of 16, so
-the whole decoder can run in NVFP4.
+experts, top-2 routing); ``save_tiny_model(path, architecture, **config)`` for any other transformers
+family. Every linear layer and expert of the Qwen3 models has dimensions that are multiples of 16, so the
+whole decoder can run in NVFP4.
 """
 
 from __future__ import annotations
@@ -55,8 +56,20 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def _save_tiny(path: str | Path, architecture: str, seed: int, **config) -> Path:
-    """Build a random ``<architecture>ForCausalLM`` in bf16 with the tiny tokenizer's vocabulary and save both."""
+def save_tiny_model(path: str | Path, architecture: str, *, head: str = "ForCausalLM", seed: int = 0,
+                    **config) -> Path:
+    """Save a random tiny ``<architecture><head>`` (bf16 weights, e.g. ``"GptOss"``, ``"Cohere2"``, or ``"Qwen2"``
+    with ``head="ForSequenceClassification"``) and the tiny tokenizer under ``path``; ``config`` sets the
+    ``<architecture>Config`` fields (its shape: keep ``head_dim`` 64 or more, vLLM's CPU attention needs it).
+
+    Returns:
+        The folder, loadable with ``from_pretrained`` (and ``vllm.LLM`` for the architectures vLLM serves).
+    """
+    return _save_tiny(path, architecture, seed, head=head, **config)
+
+
+def _save_tiny(path: str | Path, architecture: str, seed: int, head: str = "ForCausalLM", **config) -> Path:
+    """Build a random ``<architecture><head>`` in bf16 with the tiny tokenizer's vocabulary and save both."""
     import torch
     import transformers
 
@@ -73,9 +86,10 @@ def _save_tiny(path: str | Path, architecture: str, seed: int, **config) -> Path
         **config,
     })
     torch.manual_seed(seed)
-    model = getattr(transformers, f"{architecture}ForCausalLM")(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = getattr(transformers, f"{architecture}{head}")(config).to(torch.bfloat16)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     _write_card(path, architecture)

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..model_blocks import export_units, fsdp_owners, materialized
 from ..progress import progress
-from .experts import PROJECTIONS, iter_moe_experts
+from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .experts_export import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
@@ -94,7 +94,11 @@ def iter_checkpoint_weights(
             "calibrate_input_global_scales(model, tokenizer, prompts) on this model first."
         )
     linears = dict(iter_logical_linears(model))
-    experts = {f"{name}.{proj}" for name, _ in iter_moe_experts(model) for proj in PROJECTIONS}
+    # Per-expert names for the gated, concatenated, bias-free [E, out, in] layout (Qwen3-MoE's, which vLLM reads per
+    # expert); any other layout (GptOss: transposed, interleaved, with biases) never runs in NVFP4 and goes out as
+    # stored, the 3-D tensors save_pretrained writes and vLLM's loader for that family reads.
+    experts = {f"{name}.{proj}" for name, module in iter_moe_experts(model) if not _unsupported_layout(module)
+               for proj in PROJECTIONS}
     owners = fsdp_owners(model)
     seen: set[int] = set()
     for unit in export_units(model):

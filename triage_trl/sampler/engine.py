@@ -29,9 +29,13 @@ Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``Worker.reloa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import re
+import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -50,6 +54,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration"]
 
 SAMPLER_PRECISIONS = PRECISIONS
+
+# Checkpoint tensors that vLLM 0.31's in-place ``reload_weights`` cannot place, per architecture: the model's
+# ``load_weights`` copies them with ``param.copy_`` instead of the weight loaders the layerwise reload wraps, so the
+# reload leaves their layers at the previous (at start: dummy) values (vLLM 0.31 ``models/gpt_oss.py``
+# ``_load_weights_other``; measured: probe gap inf before any update, then 0.12 nats with the experts exported as
+# stored). They are loaded again, after the reload, with the model's own ``load_weights``.
+RELOAD_DIRECT_COPY = {"GptOssForCausalLM": re.compile(r"\.mlp\.experts\.|\.self_attn\.sinks$")}
+
+# The engines of this process not yet shut down (tokens), and the process state the first of them found.
+_LIVE: set[int] = set()
+_FOUND: dict = {}
 
 
 class TriageVLLMGeneration(VLLMGeneration):
@@ -148,9 +163,38 @@ class TriageVLLMGeneration(VLLMGeneration):
                 "sampler_precision='nvfp4' needs calibration_prompts for the activation global scales "
                 "(e.g. the first 8-32 training prompts)."
             )
+        collect_dropped_samplers()
+        if not _LIVE:
+            _FOUND.clear()
+            _FOUND.update(_process_state())
+        rendezvous = _process_state()["env"]
         self._join_colocated_ranks()
         self._write_structural_checkpoint()
         kernel_kwargs = self._choose_nvfp4_kernel()
+        with _restored_env(rendezvous):  # read once, when the engine joins its group; left set, they would make
+            _ensure_expert_group(self.tensor_parallel_size, _hf_model(self.model))  # every later Accelerator
+            self._start_engine(kernel_kwargs)  # of this process a MULTI_CPU one
+            _ensure_expert_group(self.tensor_parallel_size)  # for MoE engines started next to this one
+        self._shutdown = _own_engine_teardown(self, self.llm)
+        try:
+            if self.sampler_kernel is not None:
+                check_sampler_kernel(self.sampler_kernel[0], self.kernel_report)
+                self.kernel_report["nvfp4_sampler_kernel"] = "{} ({})".format(*self.sampler_kernel)
+            # Weights whole on every rank (one process, DDP): load them now. Sharded or partitioned (FSDP2, ZeRO-3,
+            # meta-device loading): the first sync loads them, after the trainer has prepared the model.
+            whole = not (self._dist.is_fsdp or self._dist.is_zero3) and parameters_materialized(self.model)
+            if all_ranks_agree(whole, self.accelerator):
+                self._load_learner_weights()
+            if self.enable_sleep_mode:
+                self.llm.sleep(level=2)
+            self._llm_weights_sleeping = self.enable_sleep_mode
+        except BaseException:  # a start that fails after the engine started closes it
+            self.close()
+            raise
+        logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
+        self.accelerator.wait_for_everyone()
+
+    def _start_engine(self, kernel_kwargs: dict) -> None:
         self.llm, self.kernel_report = start_engine(
             self.checkpoint_dir,
             self.sampler_precision,
@@ -169,19 +213,6 @@ class TriageVLLMGeneration(VLLMGeneration):
             load_format="dummy",  # the weights come from the learner, in memory: see _load_learner_weights
             **{**kernel_kwargs, **self.llm_kwargs},
         )
-        if self.sampler_kernel is not None:
-            check_sampler_kernel(self.sampler_kernel[0], self.kernel_report)
-            self.kernel_report["nvfp4_sampler_kernel"] = "{} ({})".format(*self.sampler_kernel)
-        # Weights whole on every rank (one process, DDP): load them now. Sharded or partitioned (FSDP2, ZeRO-3,
-        # meta-device loading): the first sync loads them, after the trainer has prepared the model.
-        whole = not (self._dist.is_fsdp or self._dist.is_zero3) and parameters_materialized(self.model)
-        if all_ranks_agree(whole, self.accelerator):
-            self._load_learner_weights()
-        if self.enable_sleep_mode:
-            self.llm.sleep(level=2)
-        self._llm_weights_sleeping = self.enable_sleep_mode
-        logger.info("TRIAGE sampler kernels: %s", self.kernel_report)
-        self.accelerator.wait_for_everyone()
 
     def _choose_nvfp4_kernel(self) -> dict:
         """Resolve ``nvfp4_sampler_kernel`` for this platform (``sampler.kernel_choice``), log it, and return the
@@ -248,9 +279,14 @@ class TriageVLLMGeneration(VLLMGeneration):
         into the engine in one ``reload_weights`` call (a collective under FSDP2 and ZeRO-3)."""
         if self.sampler_precision == "nvfp4" and (self.input_global_scales is None or self.recalibrate_every_sync):
             self.input_global_scales = reduce_input_global_scales(self._calibrate(self.model), self.accelerator)
+        direct = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
+        kept: list[tuple[str, torch.Tensor]] = []
         self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": self._iter_sampler_weights(), "is_checkpoint_format": True}
+            "reload_weights",
+            kwargs={"weights_iterator": self._iter_sampler_weights(direct, kept), "is_checkpoint_format": True},
         )
+        if kept:  # after the reload, outside its wrapped loaders (see RELOAD_DIRECT_COPY)
+            self.llm.apply_model(lambda model: sorted(model.load_weights(iter(kept))))
         from .cpu_reload import after_cpu_reload
 
         self.llm.apply_model(after_cpu_reload)  # vLLM 0.31 CPU: a tied lm_head and MoE experts go stale on reload
@@ -288,15 +324,20 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     # ------------------------------------------------------------------ sync
 
-    def _iter_sampler_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_sampler_weights(self, keep: re.Pattern | None = None,
+                              kept: list | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
-        one decoder block made whole at a time (``triage_trl.nvfp4.export.iter_checkpoint_weights``)."""
+        one decoder block made whole at a time (``triage_trl.nvfp4.export.iter_checkpoint_weights``); a copy of each
+        tensor whose name matches ``keep`` is appended to ``kept``."""
         from ..nvfp4.export import iter_checkpoint_weights
 
         weights = iter_checkpoint_weights(
             self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales
         )
-        yield from sampler_tensors(weights, self.llm.llm_engine.model_config.dtype)
+        for name, tensor in sampler_tensors(weights, self.llm.llm_engine.model_config.dtype):
+            if keep is not None and keep.search(name):
+                kept.append((name, tensor.detach().clone()))
+            yield name, tensor
 
     @torch.no_grad()
     def sync_weights(self):
@@ -311,6 +352,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         """
         if self.mode != "colocate":
             raise ValueError("TriageVLLMGeneration.sync_weights supports vllm_mode='colocate' only.")
+        self._require_engine()
         if self.enable_sleep_mode:
             self.llm.wake_up(tags=["weights"])
             self._llm_weights_sleeping = False
@@ -325,16 +367,31 @@ class TriageVLLMGeneration(VLLMGeneration):
         """Shut the in-process vLLM engine down and drop it, so another engine can start in this process; a second
         call does nothing.
 
-        vLLM 0.31's own teardown (``EngineCore.shutdown``: executor and scheduler shutdown, then
-        ``cleanup_dist_env_and_memory``, which destroys vLLM's parallel groups and torch.distributed's default group
-        and collects garbage). Those groups are process globals: close an engine only when no other engine of this
-        process is still in use, and, in a multi-process run, only at the end (after saving and pushing).
+        vLLM 0.31's own teardown (``EngineCore.shutdown``: executor and scheduler shutdown), run now. vLLM's parallel
+        groups and torch.distributed's default group are process globals that every engine of the process shares:
+        they are destroyed (``cleanup_dist_env_and_memory``) only when the last engine of the process shuts down,
+        which then puts the process back as the first engine found it (the rendezvous variables the colocated start
+        sets, torch's thread count). A sampler dropped without ``close()`` shuts down the same way when it is
+        collected (at the latest when the next sampler starts), so it never ends another engine's groups. In a
+        multi-process run, close only at the end (after saving and pushing).
         """
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
+        shutdown = getattr(self, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()  # runs once
+        del llm
+        gc.collect()
+
+    def _require_engine(self) -> None:
+        if getattr(self, "llm", "unset") is None:
+            raise RuntimeError(
+                "This sampler's vLLM engine was closed (by close(), or because a newer trainer in this process started "
+                "its own engine): build a new trainer to generate again."
+            )
+
+    def generate(self, *args, **kwargs):
+        self._require_engine()
+        return super().generate(*args, **kwargs)
 
     # ------------------------------------------------------------------ probe
 
@@ -393,8 +450,110 @@ class TriageVLLMGeneration(VLLMGeneration):
         return result
 
 
+def collect_dropped_samplers() -> None:
+    """Collect samplers whose trainers were dropped without ``close()`` (TRL's users and tests never call it), so
+    their engines shut down now, before the next engine starts; warn, naming ``close()``, about engines still held
+    (each keeps its KV cache until its trainer is closed or dropped)."""
+    gc.collect()
+    if _LIVE:
+        warnings.warn(
+            f"{len(_LIVE)} vLLM engine(s) of earlier TRIAGE trainers still run in this process, each holding its KV "
+            "cache; they keep working next to the new one. Call trainer.close() (or use `with "
+            "TriageGRPOTrainer(...) as trainer:`) when a trainer is done.",
+            stacklevel=3,
+        )
+
+
+def _own_engine_teardown(owner, llm) -> weakref.finalize:
+    """Replace vLLM's teardown of ``llm`` (run by a finalizer when it is collected, destroying the process-wide
+    parallel groups whichever engine they now serve) with one run by :meth:`TriageVLLMGeneration.close` or when
+    ``owner`` is collected: shut this engine down, and tear the groups down only if no other engine is left."""
+    client = llm.llm_engine.engine_core  # vLLM's InprocClient (the engine core runs in this process)
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
+    token = id(owner)
+    _LIVE.add(token)
+    return weakref.finalize(owner, _shutdown_engine, client.engine_core, token)
+
+
+def _shutdown_engine(core, token: int) -> None:
+    import vllm.v1.engine.core as core_module
+
+    _LIVE.discard(token)
+    if _LIVE:  # other engines still use the shared groups: shut this one down without destroying them
+        cleanup = core_module.cleanup_dist_env_and_memory
+        core_module.cleanup_dist_env_and_memory = gc.collect
+        try:
+            core.shutdown()
+        finally:
+            core_module.cleanup_dist_env_and_memory = cleanup
+        return
+    core.shutdown()  # the last engine: vLLM's full teardown, then the process as the first engine found it
+    if _FOUND:
+        _restore_process_state(_FOUND)
+
+
+_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _ensure_expert_group(tensor_parallel_size: int, model=None) -> None:
+    """Create vLLM's expert-parallel group if this process's shared parallel groups have none (with ``model``: only
+    for a MoE model). vLLM 0.31 makes it only when the process's first engine serves a MoE model
+    (``initialize_model_parallel``), so a MoE engine started next to a dense one failed with "expert parallel group
+    is not initialized"; the sampler adds it before a MoE engine starts and after any of its engines started (an
+    unused group for a dense one). Colocated engines have no data or context parallelism: its groups are the TP
+    groups."""
+    from vllm.distributed import parallel_state as ps
+
+    if model is not None:
+        config = getattr(model, "config", None)
+        if not any(int(getattr(config, key, 0) or 0) > 0 for key in _MOE_CONFIG_KEYS):
+            return
+    if ps._EP is not None or not ps.model_parallel_is_initialized():
+        return
+    world = ps.get_world_group()
+    ranks = [list(range(i, i + tensor_parallel_size)) for i in range(0, world.world_size, tensor_parallel_size)]
+    ps._EP = ps.init_model_parallel_group(ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
+                                          group_name="ep")
+
+
+_RENDEZVOUS_SET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _process_state() -> dict:
+    """What an engine's start changes in the process and the last engine's shutdown puts back."""
+    return {"env": {k: os.environ.get(k) for k in _RENDEZVOUS_SET}, "threads": torch.get_num_threads()}
+
+
+@contextlib.contextmanager
+def _restored_env(values: dict):
+    try:
+        yield
+    finally:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _restore_process_state(found: dict) -> None:
+    for key, value in found["env"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    torch.set_num_threads = torch._C.set_num_threads  # vLLM's CPU worker leaves a no-op in its place
+    torch.set_num_threads(found["threads"])
+
+
 def _tokenizer_of(processing_class):
     return getattr(processing_class, "tokenizer", None) or processing_class
+
+
+def _hf_model(model):
+    return model.get_base_model() if is_peft_model(model) else model
 
 
 def _hf_config(model):

@@ -40,8 +40,11 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             nodes.
         sync_probe_max_gap (`float` or `None`, *optional*):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
-            sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it the trainer
-            raises: the sampler is stale or corrupt. `None`: 0.1 when both precisions match, 0.5 when they differ.
+            sampler's log-probs of a fixed probe sequence, measured after every weight sync. Above it, the trainer
+            raises at the first sync (the engines compute different models) or when the sampler did not follow the
+            learner's move since the previous sync (stale or partial sync), and warns otherwise (precision drift).
+            `None`: from what the engines compute (`sync_probe.expected_probe_gap`: 0.5 with NVFP4 on one side
+            only, 0.02 with both in float32, else 0.1).
         use_vllm (`bool` or `None`, *optional*):
             TRL's switch for the vLLM sampler. `None` (default): on while TRIAGE is on (its sampler log-probs come
             from vLLM), TRL's default (off) when `triage_mode="off"`.
@@ -64,8 +67,10 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
         default=None,
         metadata={
             "help": "Bound (nats) on `triage/sync_probe_gap`, the mean |learner - sampler| log-prob of a fixed probe "
-            "sequence measured after every weight sync; above it training stops with an error naming a stale or "
-            "corrupt sampler. Unset: 0.1 when learner and sampler precisions match, 0.5 when they differ."
+            "sequence measured after every weight sync; above it training stops at the first sync or when the sampler "
+            "did not follow the learner since the previous sync (stale, partial), and warns otherwise (precision "
+            "drift). Unset: from the engines' precisions and dtypes (0.5 with NVFP4 on one side only, 0.02 with both "
+            "in float32, else 0.1)."
         },
     )
     sampler_checkpoint_dir: str | None = field(
@@ -129,7 +134,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
 
     @property
     def resolved_sync_probe_max_gap(self) -> float:
-        """The bound on `triage/sync_probe_gap` (nats) this run uses."""
+        """The bound on `triage/sync_probe_gap` (nats) from the precisions alone (the trainer's
+        ``sync_probe_bound()`` also knows the engines' dtypes: 0.02 when both compute float32)."""
         if self.sync_probe_max_gap is not None:
             return float(self.sync_probe_max_gap)
         if self.learner_precision == self.sampler_precision:

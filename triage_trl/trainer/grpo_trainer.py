@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -31,7 +32,8 @@ from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
 from .reward_checks import check_rewards
 from .run_checks import check_run_inputs, hold_output_dir
-from .sync_probe import StaleSamplerError, check_probe_gap, probe_batch, probe_gap, probe_token_ids
+from .sync_probe import (StaleSamplerError, classify_probe, expected_probe_gap, probe_batch, probe_gap,
+                         probe_token_ids, untracked_move)
 from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
 
@@ -103,32 +105,41 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.triage_history: list[dict[str, float]] = []
         self.sync_probe_gaps: list[float] = []  # per sync, mean over ranks (nats)
         self.sync_probe_rank_gaps: list[list[float]] = []  # per sync, each rank's own gap (nats)
+        self.sync_probe_verdicts: list[str] = []  # per sync: "ok" or "drift" (errors raise)
+        self._probe_prev = None  # (learner, sampler) log-probs of the previous probe
+        self._probe_bound = None  # (bound, what) once the engines are known
+        self._drift_warned = 0.0
         self.nvfp4_learner_report = None
         self._synced_step = None
         built: list = []
         if calibration_dataset is None:
             calibration_dataset = kwargs.get("train_dataset")
-        with trl_builds_sampler_with(self._sampler_factory(args, calibration_dataset, built)):
-            super().__init__(model, reward_funcs, args, **kwargs)
-        if self.use_vllm and (len(built) != 1 or self.vllm_generation is not built[0]):
-            raise TRLContractError(
-                "TRL did not build its vLLM sampler through triage-trl's factory, so TRIAGE's export, one-call sync "
-                "and sync probe would not run. triage-trl supports TRL 1.16.x: install trl>=1.16,<1.17."
-            )
-        self.triage_metrics.accelerator = self.accelerator
-        self.vllm_importance_sampling_correction = args.uses_trl_is_hook
-        if args.learner_precision == "nvfp4":
-            self._convert_learner()
-        self._newline_table = None
-        if self.triage_mode != "off" and args.triage_segment_mode == "newline":
-            vocab = self.model.get_input_embeddings().num_embeddings
-            tokenizer = _tokenizer_of(self.processing_class)
-            self._newline_table = build_newline_table(tokenizer, vocab_size=max(vocab, len(tokenizer)))
-        self._probe_ids = probe_token_ids(_tokenizer_of(self.processing_class)) if self.use_vllm else None
-        if self.use_vllm:
-            self.vllm_generation.on_sync = self._after_sampler_sync
-        self._push_sampler_scales()
-        check_learner_dtype(self.model, self.accelerator.device.type)
+        try:
+            with trl_builds_sampler_with(self._sampler_factory(args, calibration_dataset, built)):
+                super().__init__(model, reward_funcs, args, **kwargs)
+            if self.use_vllm and (len(built) != 1 or self.vllm_generation is not built[0]):
+                raise TRLContractError(
+                    "TRL did not build its vLLM sampler through triage-trl's factory, so TRIAGE's export, one-call "
+                    "sync and sync probe would not run. triage-trl supports TRL 1.16.x: install trl>=1.16,<1.17."
+                )
+            self.triage_metrics.accelerator = self.accelerator
+            self.vllm_importance_sampling_correction = args.uses_trl_is_hook
+            if args.learner_precision == "nvfp4":
+                self._convert_learner()
+            self._newline_table = None
+            if self.triage_mode != "off" and args.triage_segment_mode == "newline":
+                vocab = self.model.get_input_embeddings().num_embeddings
+                tokenizer = _tokenizer_of(self.processing_class)
+                self._newline_table = build_newline_table(tokenizer, vocab_size=max(vocab, len(tokenizer)))
+            self._probe_ids = probe_token_ids(_tokenizer_of(self.processing_class)) if self.use_vllm else None
+            if self.use_vllm:
+                self.vllm_generation.on_sync = self._after_sampler_sync
+            self._push_sampler_scales()
+            check_learner_dtype(self.model, self.accelerator.device.type)
+        except BaseException:  # a construction that fails after its sampler started closes it
+            for sampler in built:
+                sampler.close()
+            raise
 
     # ------------------------------------------------------------------ construction
 
@@ -174,7 +185,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         held-out evaluation between steps).
 
         Raises:
-            StaleSamplerError: the probe gap exceeds ``sync_probe_max_gap``.
+            StaleSamplerError: the sampler is stale, partially synced or corrupt (``sync_probe.classify_probe``);
+                a gap above the bound while the sampler follows the learner (precision drift) only warns.
         """
         self.vllm_generation.sync_weights()
 
@@ -195,31 +207,64 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
-        """Score the probe sequence with the sampler and the learner; log and bound their gap (nats)."""
+        """Score the probe sequence with the sampler and the learner; log their gap (nats) and judge it
+        (``sync_probe.classify_probe``): drift above the bound warns, a stale, partial or corrupt sync raises."""
         ids = self._probe_ids
-        sampler_logps = self.vllm_generation.score_logps([ids])[0]
+        sampler_logps = torch.as_tensor(self.vllm_generation.score_logps([ids])[0], dtype=torch.float64)
         # Padded as the training batches are (torchao's native NVFP4 kernels need 128-token multiples).
         input_ids, mask, keep = probe_batch(ids, self._pad_token_id(), self.args.pad_to_multiple_of)
         device = self.accelerator.device
         learner_logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids.to(device),
                                                                       mask.to(device), keep)
-        gap, gap_max = probe_gap(learner_logps[0, : len(ids) - 1], sampler_logps)
+        learner_logps = learner_logps[0, : len(ids) - 1].detach().double().cpu()
+        gap, gap_max = probe_gap(learner_logps, sampler_logps)
+        bound, what = self.sync_probe_bound()
+        first = self._probe_prev is None
+        moved = untracked = 0.0
+        if not first:
+            moved, untracked = untracked_move(learner_logps, sampler_logps, *self._probe_prev)
+        self._probe_prev = (learner_logps, sampler_logps)
         mode = "train" if self.model.training else "eval"
-        reduced = self.triage_metrics.record(mode, {"triage/sync_probe_gap": gap, "triage/sync_probe_gap_max": gap_max})
-        # Every rank's sampler must serve the current weights: bound the worst rank, not the mean over ranks.
+        reduced = self.triage_metrics.record(mode, {
+            "triage/sync_probe_gap": gap, "triage/sync_probe_gap_max": gap_max, "triage/sync_probe_bound": bound,
+            "triage/sync_probe_untracked": untracked,
+        })
+        # Every rank's sampler must serve the current weights: judge the worst rank, not the mean over ranks.
         rank_gaps = per_rank(self.accelerator, gap)
+        rank_moved, rank_untracked = per_rank(self.accelerator, moved), per_rank(self.accelerator, untracked)
         self.sync_probe_rank_gaps.append(rank_gaps)
         self.sync_probe_gaps.append(reduced["triage/sync_probe_gap"])
         worst = max(range(len(rank_gaps)), key=lambda r: rank_gaps[r])
-        check_probe_gap(
-            rank_gaps[worst],
-            self.args.resolved_sync_probe_max_gap,
+        verdict = classify_probe(
+            rank_gaps[worst], bound, step=self.state.global_step, what=what, first=first,
+            moved=None if first else rank_moved[worst], untracked=None if first else rank_untracked[worst],
             rank=worst if len(rank_gaps) > 1 else None,
-            step=self.state.global_step,
-            learner_precision=self.args.learner_precision,
-            sampler_precision=self.args.sampler_precision,
+            step0_gap=self.sync_probe_gaps[0] if self.sync_probe_gaps else None,
         )
+        if verdict.is_error:
+            raise StaleSamplerError(verdict.message)
+        self.sync_probe_verdicts.append(verdict.kind)
+        if verdict.kind == "drift" and rank_gaps[worst] > 2 * self._drift_warned:  # again each time it doubles
+            self._drift_warned = rank_gaps[worst]
+            logger.warning(verdict.message)
+            warnings.warn(verdict.message, stacklevel=2)
         return reduced["triage/sync_probe_gap"]
+
+    def sync_probe_bound(self) -> tuple[float, str]:
+        """``(bound, what)``: the probe gap (nats) above which a sync is judged (``sync_probe.classify_probe``) and
+        the engines it follows from: ``args.sync_probe_max_gap`` when set, else
+        ``sync_probe.expected_probe_gap`` of the two precisions and the dtypes each engine really computes in (the
+        learner's parameters or its bf16/fp16 autocast; the sampler's ``kernel_report["dtype"]``)."""
+        if self._probe_bound is None:
+            learner_dtype = _learner_compute_dtype(self.model, self.args)
+            report = getattr(self.vllm_generation, "kernel_report", None) or {}
+            sampler_dtype = str(report.get("dtype", learner_dtype))
+            bound, what = expected_probe_gap(self.args.learner_precision, self.args.sampler_precision,
+                                             learner_dtype, sampler_dtype)
+            if self.args.sync_probe_max_gap is not None:
+                bound, what = float(self.args.sync_probe_max_gap), f"{what}, set by sync_probe_max_gap"
+            self._probe_bound = (bound, what)
+        return self._probe_bound
 
     def _pad_token_id(self) -> int:
         tokenizer = _tokenizer_of(self.processing_class)
@@ -423,3 +468,14 @@ def _calibration_prompts(dataset, n: int) -> list:
 
 def _tokenizer_of(processing_class):
     return getattr(processing_class, "tokenizer", None) or processing_class
+
+
+def _learner_compute_dtype(model, args) -> str:
+    """The dtype the learner's matmuls run in: bf16/fp16 under the trainer's mixed precision, else the floating
+    parameters' dtype (TRL loads a Hub id or folder in float32 unless ``model_init_kwargs`` says otherwise)."""
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return str(dtype).removeprefix("torch.")

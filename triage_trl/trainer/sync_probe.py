@@ -3,12 +3,21 @@
 A sampler left with old (or corrupt) weights must never train silently. The probe is
 independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM, at the sampling
 temperature) and by the learner (TRL's log-prob path, same temperature). Their mean absolute per-token log-prob
-difference is ``triage/sync_probe_gap``; above the configured bound the trainer raises :class:`StaleSamplerError`.
+difference is ``triage/sync_probe_gap``.
+
+Telling a stale sampler from precision drift (:func:`classify_probe`): two engines computing the same weights in
+different precisions differ by a gap that starts near the floor of :func:`expected_probe_gap` (from what each engine
+computes: precisions and dtypes) and then grows slowly as training sharpens the logits (a random tiny model at
+lr 0.1: 0.001 -> 0.13 nats in 11 steps). A stale or partial sync instead leaves the sampler where it was while the
+learner moved: between two syncs the sampler's log-probs of the probe do not follow the learner's. So the probe
+compares the two engines' moves since the previous sync: ``untracked = mean |dL - dS|`` (nats) is the part of the
+learner's move the sampler did not make, ``~ mean |dL|`` for a stale sampler and ``~ 0`` for a synced one.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +29,119 @@ PROBE_TEXT = (
 
 
 class StaleSamplerError(RuntimeError):
-    """The sampler's log-probs of the probe sequence moved too far from the learner's after a weight sync."""
+    """The sampler does not serve the learner's current weights after a weight sync: stale or partially synced
+    (it did not follow the learner's move), corrupt (non-finite log-probs), or computing another model than the
+    learner before any update (an architecture or kernel the sync does not reach)."""
+
+
+# Mean |learner - sampler| probe gap (nats) of two engines holding the same weights, by what they compute.
+PROBE_FLOOR_FLOAT32 = 0.02  # both float32, no NVFP4: accumulation order only
+PROBE_FLOOR_HALF = 0.1  # bf16 on one side or both (also both NVFP4: same codes, other activation scales)
+PROBE_FLOOR_MIXED = 0.5  # NVFP4 on one side only: the quantisation error itself
+UNTRACKED_SHARE = 0.25  # stale or partial: the sampler missed more than this share of the learner's move
+_HALF_DTYPES = ("bfloat16", "float16")
+
+
+def expected_probe_gap(learner_precision: str, sampler_precision: str, learner_dtype: str,
+                       sampler_dtype: str) -> tuple[float, str]:
+    """The probe gap (nats) two engines holding the same weights may show, from what each computes.
+
+    Args:
+        learner_precision, sampler_precision: ``"bf16"`` or ``"nvfp4"`` (the linear layers' format).
+        learner_dtype: the dtype the learner computes in (``"float32"`` for a model TRL loaded from an id, unless
+            ``bf16`` autocast or a bf16 ``model_init_kwargs`` dtype).
+        sampler_dtype: the engine's dtype (``kernel_report["dtype"]``).
+
+    Returns:
+        ``(bound, why)``: :data:`PROBE_FLOOR_MIXED` with NVFP4 on one side only, :data:`PROBE_FLOOR_FLOAT32` when
+        both compute float32 without NVFP4, :data:`PROBE_FLOOR_HALF` otherwise; ``why`` names the case.
+    """
+    what = (f"learner {learner_precision} computing {learner_dtype}, sampler {sampler_precision} computing "
+            f"{sampler_dtype}")
+    if learner_precision != sampler_precision:
+        return PROBE_FLOOR_MIXED, what
+    if learner_precision != "nvfp4" and learner_dtype == sampler_dtype == "float32":
+        return PROBE_FLOOR_FLOAT32, what
+    return PROBE_FLOOR_HALF, what
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """What one probe says: ``kind`` is ``"ok"``, ``"drift"`` (above the bound, the sampler followed the learner:
+    a warning), or an error kind, ``"corrupt"``, ``"mismatch"`` (above the bound at the first probe, before any
+    update) or ``"stale"`` (the sampler did not follow the learner's move); ``message`` explains (empty for ok)."""
+
+    kind: str
+    message: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.kind in ("corrupt", "mismatch", "stale")
+
+
+def untracked_move(learner_logps: torch.Tensor, sampler_logps: torch.Tensor, prev_learner: torch.Tensor,
+                   prev_sampler: torch.Tensor) -> tuple[float, float]:
+    """How far the learner's probe log-probs moved since the previous probe, and the part of that move the sampler
+    did not make.
+
+    Args:
+        learner_logps, sampler_logps: (N,) this probe's log-probs (nats).
+        prev_learner, prev_sampler: (N,) the previous probe's.
+
+    Returns:
+        ``(moved, untracked)`` in nats: ``mean |dL|`` and ``mean |dL - dS|``.
+    """
+    d_learner = learner_logps.double().flatten() - prev_learner.double().flatten()
+    d_sampler = torch.as_tensor(sampler_logps).double().flatten() - torch.as_tensor(prev_sampler).double().flatten()
+    return float(d_learner.abs().mean()), float((d_learner - d_sampler).abs().mean())
+
+
+def classify_probe(gap: float, bound: float, *, step: int, what: str, first: bool, moved: float | None = None,
+                   untracked: float | None = None, rank: int | None = None, step0_gap: float | None = None
+                   ) -> ProbeVerdict:
+    """Sort one probe gap (nats) into ok, drift or an error (:class:`ProbeVerdict`): non-finite is corrupt; at the
+    first probe, above ``bound`` is a mismatch; later, above ``bound``, a sampler that missed more than
+    :data:`UNTRACKED_SHARE` of the learner's move (and more than ``bound / 4`` nats) is stale, otherwise it drifted.
+
+    Args:
+        gap: mean |learner - sampler| over the probe (``inf`` when non-finite).
+        bound: the gap two engines holding the same weights may show (:func:`expected_probe_gap`, or the user's
+            ``sync_probe_max_gap``).
+        step: the optimizer step of the sync. what: the engines' precisions and dtypes, for the message.
+        first: the run's first probe (no update yet): above the bound the two engines compute different models.
+        moved, untracked: :func:`untracked_move` against the previous probe (``None`` at the first probe).
+        rank: the process whose sampler it is (multi-process runs). step0_gap: the first probe's gap.
+    """
+    where = f" on rank {rank}" if rank is not None else ""
+    head = f"Sync probe at step {step}{where}: the sampler's log-probs of the probe sequence differ from the learner's"
+    if not math.isfinite(gap):
+        return ProbeVerdict("corrupt", f"{head} by {gap} nats (non-finite): the sampler is corrupt (a bad reload, "
+                                       f"e.g. per-tensor loading on the vLLM CPU build; {what}). Check the sampler's "
+                                       "sync_weights.")
+    if first or moved is None or untracked is None:
+        if gap <= bound:
+            return ProbeVerdict("ok")
+        return ProbeVerdict(
+            "mismatch",
+            f"{head} by {gap:.4g} nats on average at the run's first sync, before any update (bound {bound:.4g} for "
+            f"{what}): the sampler does not compute the model the learner computes. Stale or corrupt sampler weights "
+            "(a reload that does not reach every tensor of this architecture), or kernels of another precision. "
+            "Check the sampler's sync_weights and kernel report; raise sync_probe_max_gap only if this gap is the "
+            "expected precision mismatch.")
+    if gap <= bound:  # below it, step-to-step precision noise can exceed a small move (Cohere2: 0.025 of 0.018 nats)
+        return ProbeVerdict("ok")
+    if untracked > UNTRACKED_SHARE * moved and untracked > bound / 4:
+        return ProbeVerdict(
+            "stale",
+            f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}). The sampler is stale or partially "
+            f"synced: since the previous sync the learner's log-probs moved {moved:.4g} nats, and the sampler missed "
+            f"{untracked:.4g} of that move (a skipped or partial weight sync). Check the sampler's sync_weights.")
+    base = f", {step0_gap:.4g} at the first sync" if step0_gap is not None else ""
+    return ProbeVerdict(
+        "drift",
+        f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}{base}), while the sampler followed the "
+        f"learner's move since the previous sync ({untracked:.4g} of {moved:.4g} nats not followed): precision drift "
+        "as training sharpens the logits, not a stale sampler. Training continues; triage/sync_probe_gap tracks it.")
 
 
 def probe_token_ids(tokenizer, min_tokens: int = 8) -> list[int]:
@@ -86,20 +207,3 @@ def probe_gap(learner_logps: torch.Tensor, sampler_logps: torch.Tensor) -> tuple
     if not bool(torch.isfinite(diff).all()):
         return math.inf, math.inf
     return float(diff.mean()), float(diff.max())
-
-
-def check_probe_gap(
-    gap: float, bound: float, *, step: int, learner_precision: str, sampler_precision: str, rank: int | None = None
-) -> None:
-    """Raise :class:`StaleSamplerError` when ``gap`` (nats) is not finite or exceeds ``bound``; ``rank`` names the
-    process whose sampler it is (multi-process runs check the worst rank)."""
-    if math.isfinite(gap) and gap <= bound:
-        return
-    where = f" on rank {rank}" if rank is not None else ""
-    raise StaleSamplerError(
-        f"Sync probe at step {step}{where}: the sampler's log-probs of the probe sequence differ from the learner's by "
-        f"{gap:.4g} nats on average (bound {bound:.4g}, learner {learner_precision}, sampler {sampler_precision}). "
-        "The sampler is stale (a skipped or partial weight sync) or corrupt (a bad reload, e.g. per-tensor loading "
-        "on the vLLM CPU build). Check the sampler's sync_weights; raise sync_probe_max_gap only if this gap is the "
-        "expected precision mismatch."
-    )
