@@ -56,12 +56,12 @@ class FakeSampler:
             self.on_sync()
 
     @torch.no_grad()
-    def _logps(self, ids: list[int]) -> torch.Tensor:
-        logits = self.policy(torch.tensor([ids])).logits[0, :-1].float() / self.temperature
+    def _logps(self, ids: list[int], temperature: float | None = None) -> torch.Tensor:
+        logits = self.policy(torch.tensor([ids])).logits[0, :-1].float() / (temperature or self.temperature)
         return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
-    def score_logps(self, token_ids_list):
-        return [self._logps(ids) + self.logprob_offset for ids in token_ids_list]
+    def score_logps(self, token_ids_list, temperature=None):
+        return [self._logps(ids, temperature) + self.logprob_offset for ids in token_ids_list]
 
     @torch.no_grad()
     def generate(self, prompts, images, num_generations, profiler=None):
@@ -531,3 +531,24 @@ def test_user_args_are_unchanged_by_construction(tmp_path, tiny_qwen3_dir, fake_
     assert args.model_init_kwargs == init_kwargs and args.model_init_kwargs  # not cleared (the old loader did)
     assert trainer.nvfp4_learner_report.summary()["nvfp4/layers_nvfp4"] == 14
     assert {p.device.type for p in trainer.model.parameters()} == {trainer.accelerator.device.type}
+
+
+def test_the_probe_scores_at_temperature_1_in_both_engines(tmp_path, tiny_qwen3_dir, fake_sampler):
+    """The sync probe asks the sampler for temperature-1 log-probs (no full-vocabulary prompt log-probs) and scores
+    the learner at temperature 1 too, then puts the sampling temperature back."""
+    asked = []
+    score = fake_sampler.score_logps
+
+    def spy(self, token_ids_list, temperature=None):
+        asked.append(temperature)
+        return score(self, token_ids_list, temperature)
+
+    fake_sampler.score_logps = spy
+    try:
+        trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, temperature=0.7)
+        trainer.sync_sampler()  # the sync runs the probe
+        gap = trainer.sync_probe_gaps[-1]
+    finally:
+        fake_sampler.score_logps = score
+    assert asked and set(asked) == {1.0}
+    assert trainer.temperature == 0.7 and gap < 1e-4  # same weights, same temperature: the engines agree

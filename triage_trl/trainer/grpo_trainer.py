@@ -32,8 +32,8 @@ from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
 from .reward_checks import check_rewards
 from .run_checks import check_run_inputs, hold_output_dir
-from .sync_probe import (StaleSamplerError, classify_probe, expected_probe_gap, probe_batch, probe_gap,
-                         probe_token_ids, untracked_move)
+from .sync_probe import (PROBE_TEMPERATURE, StaleSamplerError, classify_probe, expected_probe_gap, probe_batch,
+                         probe_gap, probe_token_ids, untracked_move)
 from .trl_contract import check_trl_contract
 from .trl_seam import TRLContractError, trl_builds_sampler_with
 
@@ -208,14 +208,21 @@ class TriageGRPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
         """Score the probe sequence with the sampler and the learner; log their gap (nats) and judge it
-        (``sync_probe.classify_probe``): drift above the bound warns, a stale, partial or corrupt sync raises."""
+        (``sync_probe.classify_probe``): drift above the bound warns, a stale, partial or corrupt sync raises.
+
+        Both engines score at temperature 1 (:data:`sync_probe.PROBE_TEMPERATURE`), whatever the sampling temperature:
+        vLLM's prompt log-probs carry no temperature, and rescaling them needs the whole vocabulary back per position
+        (SmolLM2: 49,152 Python floats a token, seconds per sync). The learner side is the model's own forward and a
+        log-softmax (TRL's fused log-prob head has the sampling temperature built in)."""
         ids = self._probe_ids
-        sampler_logps = torch.as_tensor(self.vllm_generation.score_logps([ids])[0], dtype=torch.float64)
+        sampler_logps = torch.as_tensor(self.vllm_generation.score_logps([ids], temperature=PROBE_TEMPERATURE)[0],
+                                        dtype=torch.float64)
         # Padded as the training batches are (torchao's native NVFP4 kernels need 128-token multiples).
-        input_ids, mask, keep = probe_batch(ids, self._pad_token_id(), self.args.pad_to_multiple_of)
+        input_ids, mask, _ = probe_batch(ids, self._pad_token_id(), self.args.pad_to_multiple_of)
         device = self.accelerator.device
-        learner_logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids.to(device),
-                                                                      mask.to(device), keep)
+        logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits[0, : len(ids) - 1]
+        targets = torch.tensor(ids[1:], device=logits.device)[:, None]
+        learner_logps = torch.log_softmax(logits.float() / PROBE_TEMPERATURE, -1).gather(-1, targets)[:, 0][None]
         learner_logps = learner_logps[0, : len(ids) - 1].detach().double().cpu()
         gap, gap_max = probe_gap(learner_logps, sampler_logps)
         bound, what = self.sync_probe_bound()

@@ -1,8 +1,8 @@
 """The sync probe: after every weight sync, the sampler and the learner score one fixed sequence.
 
 A sampler left with old (or corrupt) weights must never train silently. The probe is
-independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM, at the sampling
-temperature) and by the learner (TRL's log-prob path, same temperature). Their mean absolute per-token log-prob
+independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM's prompt
+log-probs) and by the learner (its own forward), both at temperature 1 (``PROBE_TEMPERATURE``). Their mean absolute per-token log-prob
 difference is ``triage/sync_probe_gap``.
 
 Telling a stale sampler from precision drift (:func:`classify_probe`): two engines computing the same weights in
@@ -26,6 +26,11 @@ PROBE_TEXT = (
     "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\n"
     "The quick brown fox jumps over the lazy dog.\nSo the final answer is \\boxed{42}."
 )
+
+
+PROBE_TEMPERATURE = 1.0
+"""The temperature both engines score the probe at: vLLM's prompt log-probs are the model's own (temperature 1);
+any other would need the full vocabulary's log-probs back per position to rescale."""
 
 
 class StaleSamplerError(RuntimeError):
