@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from triage_trl.sampler.engine import TriageVLLMGeneration
 
@@ -43,10 +44,11 @@ def sleeping_sampler():
     llm = RecordingLLM()
     sampler = TriageVLLMGeneration.__new__(TriageVLLMGeneration)
     sampler.__dict__.update(
-        llm=llm, mode="colocate", enable_sleep_mode=True, _llm_weights_sleeping=True, sampler_precision="bf16",
+        llm=llm, model=torch.nn.Linear(2, 2), mode="colocate", enable_sleep_mode=True, _llm_weights_sleeping=True,
+        sampler_precision="bf16",
         input_global_scales=None, recalibrate_every_sync=False, num_syncs=0, temperature=1.0, on_sync=None,
     )
-    sampler._iter_sampler_weights = lambda: iter([("w", None)])
+    sampler._iter_sampler_weights = lambda *args: iter([("w", None)])
     return sampler, llm
 
 
