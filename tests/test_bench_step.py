@@ -3,23 +3,20 @@ of both arms on a tiny random Qwen3 (slow: two real vLLM engines and trainers)."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
 def _bench_sync():
-    spec = importlib.util.spec_from_file_location("bench_sync", os.path.join(BENCHMARKS, "bench_sync.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_sync.py")
 
 
 class Work:

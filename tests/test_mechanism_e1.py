@@ -3,7 +3,6 @@ arms' objectives, the paired report on synthetic results, and the smoke mode end
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -17,16 +16,14 @@ import torch
 from triage_trl.lab.configs import scale_preset
 from triage_trl.lab.mechanism import (ARMS, MEASURES, batch_quadrants, mismatch_stats, paired_bootstrap,
                                       trl_importance_ratio)
+from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "mechanism_e1.py")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("mechanism_e1", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/mechanism_e1.py")
 
 
 def test_mismatch_stats_hand_computed():

@@ -4,7 +4,6 @@ synthetic lab folder, a worker failure being recorded, and one smoke lab run end
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -18,16 +17,14 @@ from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
                                     run_metrics)
 from triage_trl.lab.summarize import dose_report, load_runs, observations, summarize
+from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAB_SCRIPT = os.path.join(ROOT, "benchmarks", "stability_lab.py")
 
 
 def _lab_module():
-    spec = importlib.util.spec_from_file_location("stability_lab", LAB_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/stability_lab.py")
 
 
 # ---------------------------------------------------------------- registry and settings
