@@ -167,3 +167,20 @@ def reference_triage(old, sampler, adv, mask, seg_ids, cfg, zero_signal=None):
     m["weight_max"] = max(valid_weights, default=1.0)
     m["tau"] = tau
     return weights, m
+
+
+def random_objective_batch(B: int, T: int, seed: int, gap_scale: float):
+    """A random micro-batch for the objective's tests: ``(old_logps, sampler_logps, advantages, mask, segments)``,
+    learner log-probs in [-3, 0], sampler = learner + N(0, gap_scale) nats, random lengths, 8-token segments."""
+    import torch
+
+    from triage_trl import segment_ids
+
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 3
+    sampler = old + torch.randn(B, T, generator=g) * gap_scale
+    adv = torch.randn(B, generator=g)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    seg = segment_ids(torch.zeros(B, T, dtype=torch.long), mode="fixed", max_tokens=8)
+    return old, sampler, adv, mask, seg

@@ -8,17 +8,11 @@ import torch
 
 from triage_trl import METRIC_NAMES, NonFiniteSamplerLogprobsError, TriageConfig, segment_ids, triage_weights
 from triage_trl.objective import kth_smallest, order_statistic_rank
+from objective_reference import random_objective_batch  # noqa: E402
 
 
 def random_batch(B=6, T=40, seed=0, gap_scale=0.4):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g) * 3
-    sampler = old + torch.randn(B, T, generator=g) * gap_scale
-    adv = torch.randn(B, generator=g)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    seg = segment_ids(torch.zeros(B, T, dtype=torch.long), mode="fixed", max_tokens=8)
-    return old, sampler, adv, mask, seg
+    return random_objective_batch(B, T, seed, gap_scale)
 
 
 def run(old, sampler, adv, mask, seg, **cfg):
