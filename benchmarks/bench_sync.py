@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> float:
         live = LiveBytes()
         storages = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
         export = gen._iter_sampler_weights
-        gen._iter_sampler_weights = lambda: live.track(export(), storages)
+        gen._iter_sampler_weights = lambda *args: live.track(export(*args), storages)
         with trainer:
             trainer.train()
 
