@@ -26,7 +26,8 @@ test: install
 	$(BIN)/python -m pytest tests
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
-# arithmetic, about 8 minutes on 2 CPU cores with AVX512-BF16 (about 2x on AVX2-only CPUs). Writes runs/demo (LoRA
+# arithmetic, about 8 minutes on 2 CPU cores with AVX512-BF16; on AVX2-only CPUs both engines now run float32 and a
+# step takes about 48 s (benchmarks/bench_step.py), so 12 steps and two evaluations take over 10 minutes. Writes runs/demo (LoRA
 # adapter, card, trainer_state.json, plots/). DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
