@@ -118,8 +118,8 @@ def native_bf16_gemm(device_type: str = "cpu") -> bool:
 
 
 def engine_dtype(device_type: str = "cpu") -> torch.dtype:
-    """The dtype both engines compute in on ``device_type`` when they run 16-bit on a GPU: ``torch.bfloat16`` where
-    bf16 GEMMs run natively (:func:`native_bf16_gemm`), else ``torch.float32``.
+    """The dtype both engines compute in on ``device_type`` (where a GPU would run bf16): ``torch.bfloat16`` where bf16
+    GEMMs run natively (any GPU, :func:`native_bf16_gemm` on CPU), else ``torch.float32``.
 
     On a CPU without bf16 instructions (AVX2 only) every bf16 GEMM torch or vLLM runs is emulated, 10-500x slower than
     float32, so there the sampler (vLLM's own layers: attention, norms, ``lm_head``; and the NVFP4 kernel's products)
@@ -131,11 +131,10 @@ def engine_dtype(device_type: str = "cpu") -> torch.dtype:
 
 def compute_dtype_reason(device_type: str = "cpu") -> str:
     """:func:`engine_dtype` on ``device_type`` and why, in words (for ``triage-trl env``, the log and the card)."""
-    if device_type != "cpu":
-        return "bfloat16 (native bf16 GEMMs)"
-    if native_bf16_gemm("cpu"):
-        return "bfloat16 (this CPU has AVX512-BF16 or AMX: native bf16 GEMMs)"
-    return "float32 (this CPU has no AVX512-BF16 or AMX: bf16 GEMMs would be emulated, 10-500x slower)"
+    if engine_dtype(device_type) is torch.float32:
+        return "float32 (this CPU has no AVX512-BF16 or AMX: bf16 GEMMs would be emulated, 10-500x slower)"
+    where = "this CPU has AVX512-BF16 or AMX" if device_type == "cpu" else device_type
+    return f"bfloat16 ({where}: native bf16 GEMMs)"
 
 
 def check_learner_dtype(model: torch.nn.Module, device_type: str = "cpu") -> str:

@@ -222,8 +222,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits[0, : len(ids) - 1]
         targets = torch.tensor(ids[1:], device=logits.device)[:, None]
-        learner_logps = torch.log_softmax(logits.float() / PROBE_TEMPERATURE, -1).gather(-1, targets)[:, 0][None]
-        learner_logps = learner_logps[0, : len(ids) - 1].detach().double().cpu()
+        learner_logps = torch.log_softmax(logits.float() / PROBE_TEMPERATURE, -1).gather(-1, targets)[:, 0]
+        learner_logps = learner_logps.detach().double().cpu()
         gap, gap_max = probe_gap(learner_logps, sampler_logps)
         bound, what = self.sync_probe_bound()
         first = self._probe_prev is None
