@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -42,8 +41,9 @@ import time
 import torch
 
 from triage_trl.lab.configs import add_setting_arguments, build_trainer_config, resolve_settings
-from triage_trl.lab.mechanism import (ARMS, MEASURES, OBJECTIVE_FIELDS, batch_quadrants, mismatch_stats,
-                                      paired_bootstrap, trl_importance_ratio)
+from triage_trl.lab.mechanism import (ARMS, MEASURES, OBJECTIVE_FIELDS, batch_quadrants, engine_moves,
+                                      mismatch_stats, paired_bootstrap, trl_importance_ratio)
+from triage_trl.lab.probe import learner_logps, rescore
 
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
               "sampling_per_token_logps", "ref_per_token_logps", "num_items_in_batch", "importance_sampling_ratio",
@@ -145,44 +145,6 @@ def smoke_reward(completions, **kwargs) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------- measurements
 
-@torch.no_grad()
-def learner_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, temperature: float,
-                  rows: int = 4) -> torch.Tensor:
-    """(B, keep) log-probs (nats) of the last ``keep`` tokens under the learner at ``temperature``: the model's own
-    forward (TRL's fused head bakes in the sampling temperature), ``rows`` sequences at a time."""
-    out = []
-    for start in range(0, input_ids.size(0), rows):
-        ids, attention = input_ids[start:start + rows], attention_mask[start:start + rows]
-        # logits_to_keep: the LM head runs only on the positions that predict the kept tokens
-        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits
-        logits = logits[:, -keep - 1:-1].float() / temperature
-        out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -keep:, None]).squeeze(-1))
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def rescore(trainer, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(learner, sampler) log-probs (B, T) of the batch's completions under the current weights at ``temperature``
-    (the sampler must be synced); NaN at masked positions of the sampler's."""
-    prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-    completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention = torch.cat([prompt_mask, completion_mask], dim=1)
-    learner = learner_logps(trainer.model, input_ids, attention, completion_ids.size(1), temperature)
-    sequences, lengths = [], []
-    for i in range(prompt_ids.size(0)):
-        prompt = prompt_ids[i][prompt_mask[i].bool()].tolist()
-        completion = completion_ids[i][completion_mask[i].bool()].tolist()
-        sequences.append(prompt + completion)
-        lengths.append(len(completion))
-    scored = trainer.vllm_generation.score_logps(sequences, temperature=temperature)
-    sampler = torch.full_like(learner, math.nan)
-    for i, (values, n) in enumerate(zip(scored, lengths)):
-        if n:
-            sampler[i, :n] = torch.tensor(values[-n:], dtype=sampler.dtype)
-    return learner.float(), sampler.float()
-
-
 def heldout_items(trainer, held_out, train, limit: int) -> dict:
     """Left-padded prompts + right-padded reference completions of the distinct held-out items that are not among
     the training items (the task's small item space repeats items: each counts once), at most ``limit``."""
@@ -218,7 +180,8 @@ def heldout_items(trainer, held_out, train, limit: int) -> dict:
 @torch.no_grad()
 def heldout_ll(trainer, items: dict) -> float:
     """Mean over held-out items of the learner's mean log-likelihood per reference token (nats/token, T = 1)."""
-    logps = learner_logps(trainer.model, items["input_ids"], items["attention_mask"], items["ref_mask"].size(1), 1.0)
+    logps = learner_logps(trainer.model, items["input_ids"], items["attention_mask"], items["ref_mask"].size(1), 1.0,
+                          rows=16)
     per_item = (logps.float() * items["ref_mask"]).sum(1) / items["ref_mask"].sum(1)
     return float(per_item.mean())
 
@@ -472,13 +435,20 @@ def main(argv=None) -> dict:
                         next_state = state.snapshot()
                         if os.path.exists(path):
                             continue
+                    phases = {"step": time.perf_counter() - t_arm}
                     trainer.sync_sampler()
+                    phases["sync"] = time.perf_counter() - t_arm - sum(phases.values())
                     learner1, sampler1 = rescore(trainer, batch, args.score_temperature)
+                    phases["rescore"] = time.perf_counter() - t_arm - sum(phases.values())
                     after = {**mismatch_stats(learner1, sampler1, batch["completion_mask"], quadrants),
                              "heldout_ll": heldout_ll(trainer, items)}
+                    phases["heldout"] = time.perf_counter() - t_arm - sum(phases.values())
+                    delta = {m: after[m] - before[m] for m in MEASURES if m in after}
+                    delta.update(engine_moves(saved_batch["learner_before"], saved_batch["sampler_before"],
+                                              learner1, sampler1, batch["completion_mask"]))
                     result = {"batch": b, "arm": arm, "config": ARMS[arm], "before": before, "after": after,
-                              "delta": {m: after[m] - before[m] for m in MEASURES}, **step,
-                              "seconds": time.perf_counter() - t_arm}
+                              "delta": delta, **step, "seconds": time.perf_counter() - t_arm,
+                              "phase_seconds": phases}
                     if arm == "opsm":
                         result["opsm_dropped_frac"] = opsm_dropped_frac(trainer, batch,
                                                                         fields[arm]["off_policy_mask_threshold"])

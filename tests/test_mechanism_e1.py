@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from triage_trl.lab.configs import scale_preset
-from triage_trl.lab.mechanism import (ARMS, MEASURES, batch_quadrants, mismatch_stats, paired_bootstrap,
-                                      trl_importance_ratio)
+from triage_trl.lab.mechanism import (ARMS, MEASURES, batch_quadrants, engine_moves, mismatch_stats,
+                                      paired_bootstrap, trl_importance_ratio)
 from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,6 +46,23 @@ def test_mismatch_stats_hand_computed():
     assert math.isnan(stats["gap_PA"]) and stats["n_PA"] == 0 and stats["n_NA"] == 1
     # zero-signal rows join no quadrant
     assert not batch_quadrants(learner, sampler, adv, mask, torch.tensor([True, True]))["NA"].any()
+
+
+def test_engine_moves_hand_computed():
+    learner0 = torch.tensor([[-1.0, -2.0, -3.0]])
+    sampler0 = torch.tensor([[-1.5, -2.0, float("nan")]])
+    learner1 = torch.tensor([[-0.5, -1.0, -9.0]])
+    sampler1 = torch.tensor([[-1.5, -1.0, -3.0]])
+    moves = engine_moves(learner0, sampler0, learner1, sampler1, torch.tensor([[1, 1, 1]]))
+    # the third token is unmeasured (sampler NaN before): learner moved +0.5, +1.0; sampler 0, +1.0
+    assert moves == {"learner_move": 0.75, "sampler_move": 0.5}
+    before = mismatch_stats(learner0, sampler0, torch.tensor([[1, 1, 0]]), batch_quadrants(
+        learner0, sampler0, torch.tensor([1.0]), torch.tensor([[1, 1, 0]])))
+    after = mismatch_stats(learner1, sampler1, torch.tensor([[1, 1, 0]]), batch_quadrants(
+        learner0, sampler0, torch.tensor([1.0]), torch.tensor([[1, 1, 0]])))
+    assert after["gap_mean"] - before["gap_mean"] == pytest.approx(moves["learner_move"] - moves["sampler_move"])
+    empty = engine_moves(learner0, sampler0, learner1, sampler1, torch.zeros(1, 3))
+    assert math.isnan(empty["learner_move"]) and math.isnan(empty["sampler_move"])
 
 
 def test_trl_importance_ratio_modes():
@@ -148,6 +165,8 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     records = {arm: json.loads((run / "results" / f"b000_{arm}.json").read_text()) for arm in ARMS}
     for arm, r in records.items():
         assert set(r["delta"]) == set(MEASURES) and math.isfinite(r["delta"]["k3"]), arm
+        d = r["delta"]  # the mean gap's change is the learner's move minus the sampler's
+        assert d["gap_mean"] == pytest.approx(d["learner_move"] - d["sampler_move"], abs=1e-5), arm
         assert math.isfinite(r["grad_norm"]) and r["before"] == records["naive"]["before"]  # one common start
     assert records["tis"]["loss"] != records["naive"]["loss"]  # the arms' objectives reach the loss
     assert 0.0 <= records["opsm"]["opsm_dropped_frac"] <= 1.0

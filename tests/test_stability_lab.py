@@ -37,7 +37,7 @@ def test_registry_order_and_names():
     assert all(c.description for c in CONFIGS.values())
 
 
-@pytest.mark.parametrize("scale", ["cpu", "smoke"])
+@pytest.mark.parametrize("scale", ["cpu", "smoke", "collapse"])
 def test_every_configuration_builds_a_valid_config(scale, tmp_path):
     from triage_trl.trainer import TriageGRPOConfig
 
@@ -51,6 +51,7 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
         assert config.triage_mode in ("diagnose", "full") and config.seed == 1
         assert config.max_steps == settings["max_steps"] and config.learning_rate == settings["learning_rate"]
         assert config.per_device_train_batch_size == settings["prompts_per_step"] * settings["num_generations"]
+        assert config.num_iterations == settings["num_iterations"]
         if name == "bf16_learner_nvfp4_sampler":
             assert (config.learner_precision, config.sampler_precision) == ("bf16", "nvfp4")
             continue
@@ -155,6 +156,48 @@ def test_gpu_preset_documents_the_qwen3_4b_recipe():
     assert overrides["beta"] == 0.0  # the recipes' (the demo's default is 0.04)
     assert overrides["per_device_train_batch_size"] * overrides["gradient_accumulation_steps"] \
         == gpu["prompts_per_step"] * gpu["num_generations"]
+
+
+def test_collapse_preset_sets_the_published_collapse_conditions(tmp_path):
+    """E2's preset: temperature 1, no KL anchor, 2 updates per rollout, full fine-tuning, multi-line completions,
+    avg@8 and a fixed probe, checkpoints to resume a 100-step run."""
+    settings = scale_preset("collapse")
+    assert (settings["temperature"], settings["num_iterations"], settings["lora_rank"]) == (1.0, 2, 0)
+    assert settings["max_steps"] >= 80 and settings["max_completion_length"] >= 64 and settings["task"] == "chain_lines"
+    assert settings["eval_size"] >= 256 and settings["eval_samples"] == 8 and settings["probe_every"] > 0
+    config = build_trainer_config("nvfp4_naive", settings, str(tmp_path / "run"), seed=0,
+                                  trainer_overrides=settings["trainer_overrides"], dose="stress")
+    assert config.beta == 0.0 and config.temperature == 1.0 and config.num_iterations == 2
+    assert config.save_strategy == "steps" and config.save_steps == 10 and config.save_total_limit == 1
+    assert set(settings["configs"]) == {"bf16", "bf16_learner_nvfp4_sampler", "nvfp4_naive", "nvfp4_tis",
+                                        "nvfp4_opsm", "triage"}
+
+
+def test_chain_lines_held_out_is_disjoint_from_every_lab_seeds_training_items():
+    from triage_trl.eval.held_out import shared_prompts
+    from triage_trl.lab.worker import LAB_SEEDS_CHECKED, load_datasets
+
+    settings = {**scale_preset("collapse"), "train_size": 64, "eval_size": 32}
+    held_out = load_datasets(settings, 0, 2)[1]
+    assert len(held_out) == 32
+    for seed in range(LAB_SEEDS_CHECKED):
+        train = load_datasets(settings, seed, 2)[0]
+        assert len(train) == 64 and shared_prompts(held_out, train) == 0
+    text = held_out[0]["prompt"][-1]["content"]
+    assert text.count("+") + text.count("-") >= 3  # 4-5 terms
+    assert held_out[0]["prompt"][1]["content"].count("\n") == 3  # the example works one partial sum per line
+
+
+def test_resumed_run_keeps_the_log_records_up_to_its_checkpoint(tmp_path):
+    from triage_trl.lab.worker import keep_records_up_to, read_jsonl
+
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"step": 0, "a": 1}, {"step": 10}, {"step": 11},
+                                                             {"x": 2}]))
+    keep_records_up_to(str(path), 10)
+    assert read_jsonl(str(path)) == [{"step": 0, "a": 1}, {"step": 10}, {"x": 2}]
+    keep_records_up_to(str(tmp_path / "missing.jsonl"), 3)  # nothing to cut: no file made
+    assert not (tmp_path / "missing.jsonl").exists() and read_jsonl(str(tmp_path / "missing.jsonl")) == []
 
 
 def test_cpu_preset_runs_the_demo_budget():
@@ -374,6 +417,12 @@ def test_smoke_lab_end_to_end(tmp_path):
         assert summary["status"] == "ok" and summary["steps"] == 1, summary["status"]
         assert summary["dose"] == "stress" and summary["overrides"]["nvfp4_recipe"] == "all"
         assert [r["step"] for r in summary["held_out"]] == [0, 1] and summary["held_out"][0]["total"] == 4
+        first = summary["held_out"][0]  # greedy per item beside avg@2 at the training temperature
+        assert len(first["outcomes"]) == 4 and sum(first["outcomes"]) == first["correct"]
+        assert len(first["item_scores"]) == 4 and first["avg_at_2"] == pytest.approx(sum(first["item_scores"]) / 4)
+        with open(os.path.join(run_dir, "fixed_probe.jsonl")) as f:
+            probe = [json.loads(line) for line in f]
+        assert [r["step"] for r in probe] == [0, 1] and all(math.isfinite(r["k3"]) and r["tokens"] > 0 for r in probe)
         with open(os.path.join(run_dir, "log_history.jsonl")) as f:
             logs = [json.loads(line) for line in f]
         step1 = [h for h in logs if "reward" in h]

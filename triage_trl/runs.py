@@ -70,12 +70,18 @@ class HeldOutEvaluator(TrainerCallback):
         dataset: the held-out rows (``triage_trl.eval.held_out.greedy_accuracy``).
         max_tokens: completion length limit.
         every: evaluation interval in optimizer steps (``None``: only at step 0 and at the end).
-        on_result: called with a record ``{"step", "accuracy", "standard_error", "correct", "total", "seconds",
-            "sync_seconds"}`` and the :class:`~triage_trl.eval.held_out.HeldOutResult`.
+        on_result: called with a record ``{"step", "accuracy", "standard_error", "correct", "total", "outcomes"
+            (0/1 per item), "seconds", "sync_seconds"}`` (with ``samples``: also ``"avg_at_<samples>"``,
+            ``"sample_temperature"`` and ``"item_scores"``, each item's share of correct samples) and the
+            :class:`~triage_trl.eval.held_out.HeldOutResult`.
+        samples: avg@``samples`` beside the greedy accuracy at each evaluation (0: greedy only), sampled at
+            ``temperature`` (``triage_trl.eval.held_out.sampled_accuracy``).
     """
 
-    def __init__(self, dataset, max_tokens: int, every: int | None = None, on_result: Callable | None = None):
+    def __init__(self, dataset, max_tokens: int, every: int | None = None, on_result: Callable | None = None, *,
+                 samples: int = 0, temperature: float = 1.0):
         self.dataset, self.max_tokens, self.every, self.on_result = dataset, max_tokens, every, on_result
+        self.samples, self.temperature = samples, temperature
         self.trainer = None
         self.results: list = []
         self.seconds = 0.0
@@ -88,8 +94,15 @@ class HeldOutEvaluator(TrainerCallback):
         t1 = time.perf_counter()
         result = greedy_accuracy(trainer, self.dataset, self.max_tokens)
         record = {"step": step, "accuracy": result.accuracy, "standard_error": result.standard_error,
-                  "correct": result.correct, "total": result.total, "seconds": time.perf_counter() - t0,
-                  "sync_seconds": t1 - t0}
+                  "correct": result.correct, "total": result.total, "outcomes": [int(o) for o in result.outcomes]}
+        if self.samples:
+            from .eval.held_out import sampled_accuracy
+
+            sampled = sampled_accuracy(trainer, self.dataset, self.max_tokens, n=self.samples,
+                                       temperature=self.temperature)
+            record.update({f"avg_at_{self.samples}": sampled.accuracy, "sample_temperature": self.temperature,
+                           "item_scores": sampled.item_scores})
+        record.update({"seconds": time.perf_counter() - t0, "sync_seconds": t1 - t0})
         self.seconds += record["seconds"]
         self.results.append((record, result))
         if self.on_result is not None:
@@ -102,21 +115,22 @@ class HeldOutEvaluator(TrainerCallback):
             self.evaluate(self.trainer, state.global_step)
 
 
-def train_with_held_out(trainer, evaluator: HeldOutEvaluator | None) -> float:
-    """Evaluate at step 0, train (evaluating as the evaluator says), and evaluate at the end if training stopped
-    early. Returns the training seconds, evaluations excluded."""
+def train_with_held_out(trainer, evaluator: HeldOutEvaluator | None, resume_from_checkpoint: str | None = None) -> float:
+    """Evaluate at step 0 (not when resuming: the run did), train (evaluating as the evaluator says), and evaluate at
+    the end if training stopped early. Returns the training seconds, evaluations excluded."""
     if evaluator is None:
         start = time.perf_counter()
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
         return time.perf_counter() - start
     evaluator.trainer = trainer
     trainer.add_callback(evaluator)
-    evaluator.evaluate(trainer, 0)
+    if resume_from_checkpoint is None:
+        evaluator.evaluate(trainer, 0)
     before = evaluator.seconds
     start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     seconds = time.perf_counter() - start - (evaluator.seconds - before)
-    if evaluator.results[-1][0]["step"] != trainer.state.global_step:
+    if not evaluator.results or evaluator.results[-1][0]["step"] != trainer.state.global_step:
         evaluator.evaluate(trainer, trainer.state.global_step)
     return seconds
 

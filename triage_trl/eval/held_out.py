@@ -98,3 +98,57 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     rewards = verified_answer_reward(completions, dataset["answer"], dataset["answer_kind"], **extra)
     outcomes = [r == 1.0 for r in rewards]
     return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)
+
+
+@dataclass
+class SampledResult:
+    """avg@n of a held-out slice: ``n`` samples per item at ``temperature``; ``item_scores`` is each item's share of
+    correct samples (in [0, 1])."""
+
+    item_scores: list[float]
+    n: int
+    temperature: float
+
+    @property
+    def accuracy(self) -> float:
+        """avg@n: the mean over items of the share of correct samples."""
+        return sum(self.item_scores) / len(self.item_scores) if self.item_scores else math.nan
+
+    @property
+    def pass_at_n(self) -> float:
+        """Share of items with at least one correct sample."""
+        return sum(s > 0 for s in self.item_scores) / len(self.item_scores) if self.item_scores else math.nan
+
+
+def sampled_accuracy(trainer, dataset, max_tokens: int, *, n: int, temperature: float, seed: int = 0) -> SampledResult:
+    """avg@n of the trainer's vLLM sampler on ``dataset``: ``n`` samples per item at ``temperature`` (the training
+    temperature: the policy GRPO trains, where greedy answers of a W4A4 model flip with one ulp).
+
+    Call ``trainer.sync_sampler()`` first when the learner changed since the last rollout.
+
+    Args:
+        trainer, dataset, max_tokens: as :func:`greedy_accuracy`.
+        n: samples per item (>= 1); temperature: sampling temperature (> 0); seed: vLLM's sampling seed (the same
+            seed at every evaluation of a run, so two evaluations differ only by the weights).
+
+    Raises:
+        ValueError: ``n < 1`` or ``temperature <= 0``.
+    """
+    from vllm import SamplingParams
+
+    from ..rewards import verified_answer_reward
+
+    if n < 1 or not temperature > 0:
+        raise ValueError(f"avg@n needs n >= 1 and temperature > 0 (got n={n}, temperature={temperature}); use "
+                         "greedy_accuracy for temperature 0.")
+    tokenizer = trainer.processing_class
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, n=n, seed=seed)
+    outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
+    completions = [c.text for o in outputs for c in o.outputs]
+    repeat = lambda column: [v for v in dataset[column] for _ in range(n)]  # noqa: E731
+    extra = {"rg_entry": repeat("rg_entry")} if "rg_entry" in dataset.column_names else {}
+    rewards = verified_answer_reward(completions, repeat("answer"), repeat("answer_kind"), **extra)
+    scores = [sum(r == 1.0 for r in rewards[i * n:(i + 1) * n]) / n for i in range(len(texts))]
+    return SampledResult(scores, n, temperature)
+

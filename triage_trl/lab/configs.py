@@ -126,7 +126,7 @@ CONFIGS: dict[str, LabConfig] = {c.name: c for c in _REGISTRY}
 # Per-run settings (the worker's knobs); `seeds` and `configs` are the lab's.
 SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
                 "max_completion_length", "temperature", "learning_rate", "lora_rank", "train_size", "eval_size",
-                "eval_every")
+                "eval_every", "eval_samples", "num_iterations", "probe_every")
 
 SCALES: dict[str, dict] = {
     # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`,
@@ -139,7 +139,7 @@ SCALES: dict[str, dict] = {
     "cpu": dict(
         model=None, task="reasoning_gym", data_path=None, max_steps=12, prompts_per_step=2, num_generations=8,
         max_completion_length=32, temperature=0.7, learning_rate=1e-4, lora_rank=16, train_size=256, eval_size=128,
-        eval_every=12,
+        eval_every=12, eval_samples=0, num_iterations=1, probe_every=0,
         seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper", trainer_overrides={},
         estimate=dict(startup_s=40.0, step_s=32.0, eval_s=30.0),
     ),
@@ -147,9 +147,23 @@ SCALES: dict[str, dict] = {
     "smoke": dict(
         model="tiny-qwen3", task="reasoning_gym", data_path=None, max_steps=1, prompts_per_step=2, num_generations=2,
         max_completion_length=8, temperature=0.7, learning_rate=1e-4, lora_rank=0, train_size=8, eval_size=4,
-        eval_every=1,
+        eval_every=1, eval_samples=2, num_iterations=1, probe_every=1,
         seeds=[0], configs=list(CONFIGS), doses=["stress"], ablation_dose="stress", trainer_overrides={},
         estimate=dict(startup_s=25.0, step_s=3.0, eval_s=1.0),
+    ),
+    # E2, the collapse hunt (docs/stability.md, "E2"): the conditions of the published mismatch collapses at CPU
+    # size. Full fine-tuning of SmolLM2-135M, temperature 1, no KL anchor (beta 0), 2 policy updates per rollout
+    # (num_iterations 2: 100 optimizer steps = 50 rollouts of 2 prompts x 8), the multi-line task (4-5 terms worked
+    # one partial sum per line, 96 tokens: several newline segments per completion), held-out slice of 256 items
+    # with none among the training items, greedy and avg@8 at the training temperature at step 0 and at the end.
+    # The learning rate is the ladder's (docs/stability.md): the largest at which bf16 stays stable.
+    "collapse": dict(
+        model=None, task="chain_lines", data_path=None, max_steps=100, prompts_per_step=2, num_generations=8,
+        max_completion_length=96, temperature=1.0, learning_rate=1e-5, lora_rank=0, train_size=512, eval_size=256,
+        eval_every=100, eval_samples=8, num_iterations=2, probe_every=5,
+        seeds=[0], configs=["bf16", "bf16_learner_nvfp4_sampler", "nvfp4_naive", "nvfp4_tis", "nvfp4_opsm", "triage"],
+        doses=["stress"], ablation_dose="stress", trainer_overrides={"beta": 0.0, "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1},
+        estimate=dict(startup_s=30.0, step_s=40.0, eval_s=600.0),
     ),
     # Documented for GPU runs, not run on this machine: Qwen3-4B on GSM8K with the knobs of recipes/qwen3_4b_*.yaml
     # (32 completions per step = 4 prompts x 8 as 8 per device x 4 accumulation steps, 1024 completion tokens,
@@ -158,7 +172,8 @@ SCALES: dict[str, dict] = {
         model="Qwen/Qwen3-4B", task="gsm8k", data_path=None, max_steps=500, prompts_per_step=4, num_generations=8,
         max_completion_length=1024, temperature=1.0, learning_rate=1e-6, lora_rank=0, train_size=None,
         eval_size=500,
-        eval_every=50, seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper",
+        eval_every=50, eval_samples=8, num_iterations=1, probe_every=10, seeds=[0, 1, 2], configs=list(CONFIGS),
+        doses=list(DOSES), ablation_dose="paper",
         trainer_overrides={
             "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"}, "beta": 0.0,
             "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
@@ -280,6 +295,7 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
                                     "temperature")},
         learning_rate=settings["learning_rate"] * learning_rate_scale,
+        num_iterations=settings.get("num_iterations", 1),
         **overrides,
     )
 
@@ -288,7 +304,8 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
 
 _FLAGS = [  # (flag, settings key, type, help)
     ("--model", "model", str, "local model folder or Hub id ('tiny-qwen3': a tiny random Qwen3; default: the scale's)"),
-    ("--task", "task", str, "reasoning_gym (embedded, no network) or gsm8k"),
+    ("--task", "task", str, "reasoning_gym (embedded, no network), chain_lines (embedded, 4-5 terms worked one "
+     "partial sum per line) or gsm8k"),
     ("--data-path", "data_path", str, "gsm8k: a jsonl file/folder or Hub id"),
     ("--steps", "max_steps", int, "optimizer steps per run"),
     ("--prompts-per-step", "prompts_per_step", int, "prompts per optimizer step"),
@@ -300,13 +317,18 @@ _FLAGS = [  # (flag, settings key, type, help)
     ("--train-size", "train_size", int, "training items"),
     ("--eval-size", "eval_size", int, "held-out items, answered greedily"),
     ("--eval-every", "eval_every", int, "held-out evaluation every N optimizer steps (and at step 0 and the end)"),
+    ("--eval-samples", "eval_samples", int, "avg@N at the training temperature beside greedy at each evaluation "
+     "(0: greedy only)"),
+    ("--num-iterations", "num_iterations", int, "policy updates per rollout batch (TRL's num_iterations)"),
+    ("--probe-every", "probe_every", int, "fixed-probe k3 every N optimizer steps (0: no fixed probe)"),
 ]
 
 
 def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--scale`` and one flag per run setting (default: the scale's value)."""
     parser.add_argument("--scale", default="cpu", choices=list(SCALES),
-                        help="preset: cpu (default, SmolLM2-135M), smoke (tiny model, CI), gpu (Qwen3-4B, GSM8K)")
+                        help="preset: cpu (default, SmolLM2-135M), collapse (E2: SmolLM2-135M full fine-tuning, "
+                        "multi-line task, 100 steps), smoke (tiny model, CI), gpu (Qwen3-4B, GSM8K)")
     for flag, _, kind, text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=f"{text} (default: the scale's)")
 
@@ -323,9 +345,16 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None:
             settings[key] = value
-    for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "eval_size", "eval_every"):
+    settings.setdefault("eval_samples", 0)
+    settings.setdefault("num_iterations", 1)
+    settings.setdefault("probe_every", 0)
+    for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "eval_size", "eval_every",
+                "num_iterations"):
         if not isinstance(settings[key], int) or settings[key] < 1:
             raise ValueError(f"{key}={settings[key]!r} must be an integer >= 1.")
+    for key in ("eval_samples", "probe_every"):
+        if not isinstance(settings[key], int) or settings[key] < 0:
+            raise ValueError(f"{key}={settings[key]!r} must be 0 (off) or a positive integer.")
     if not isinstance(settings["lora_rank"], int) or settings["lora_rank"] < 0:
         raise ValueError(f"lora_rank={settings['lora_rank']!r} must be 0 (full fine-tuning) or a positive integer.")
     return settings

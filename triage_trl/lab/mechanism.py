@@ -40,11 +40,13 @@ OBJECTIVE_FIELDS = (
 )
 """The ``TriageGRPOConfig`` fields that make an arm's objective (everything else is the naive run's)."""
 
-MEASURES = ("k3", "gap_mean", "p99_abs_gap", *(f"gap_{q}" for q in QUADRANTS), "heldout_ll")
+MEASURES = ("k3", "gap_mean", "p99_abs_gap", *(f"gap_{q}" for q in QUADRANTS), "heldout_ll", "learner_move",
+            "sampler_move")
 """Per (batch, arm), each as ``after - before``: k3 = mean(e^gap - 1 - gap) and the mean gap over the batch's
 valid tokens (learner - sampler, nats/token), the 99th percentile of |gap| (nats), the mean gap over the tokens of
-each quadrant (fixed by the advantage and the gap before the step), and the mean teacher-forced log-likelihood of
-the reference answers of held-out items (nats/token, learner)."""
+each quadrant (fixed by the advantage and the gap before the step), the mean teacher-forced log-likelihood of
+the reference answers of held-out items (nats/token, learner), and how far each engine's log-probs of the batch's
+tokens moved (:func:`engine_moves`; their difference is ``gap_mean``'s change)."""
 
 _K3_MAX_EXPONENT = 80.0
 
@@ -80,6 +82,33 @@ def mismatch_stats(learner: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
         out[f"gap_{q}"] = float(gap.gap[tokens].double().mean()) if count else math.nan
         out[f"n_{q}"] = count
     return out
+
+
+def engine_moves(learner_before: torch.Tensor, sampler_before: torch.Tensor, learner_after: torch.Tensor,
+                 sampler_after: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far each engine moved on the batch's tokens over one step: the mean of ``after - before`` of its
+    log-probs (nats/token) over the tokens both engines measured at both times.
+
+    A gap can widen because the learner moves and the sampler does not follow (a sync that loses the update, e.g. a
+    LoRA delta below the NVFP4 rounding step of the merged weight, ``docs/nvfp4.md`` "LoRA adapters"), or because
+    both move differently; ``learner_move`` and ``sampler_move`` tell the two apart.
+
+    Args:
+        learner_before, sampler_before, learner_after, sampler_after: (B, T) log-probs (nats); non-finite values
+            leave their token out.
+        mask: (B, T) bool/0-1 completion mask.
+
+    Returns:
+        ``learner_move`` and ``sampler_move`` (nats/token; NaN when no token is measured).
+    """
+    tensors = [t.detach().double() for t in (learner_before, sampler_before, learner_after, sampler_after)]
+    valid = mask.bool() if mask.dtype != torch.bool else mask
+    for t in tensors:
+        valid = valid & torch.isfinite(t)
+    if not bool(valid.any()):
+        return {"learner_move": math.nan, "sampler_move": math.nan}
+    lb, sb, la, sa = (t[valid] for t in tensors)
+    return {"learner_move": float((la - lb).mean()), "sampler_move": float((sa - sb).mean())}
 
 
 def batch_quadrants(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

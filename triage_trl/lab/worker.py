@@ -6,8 +6,13 @@ its own vLLM engine, and measures the greedy held-out accuracy of the run's own 
 end (:func:`triage_trl.eval.held_out.greedy_accuracy`). It writes into DIR:
 
 - ``log_history.jsonl``: every log record, appended as it is logged (a crashed run keeps its curve);
-- ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, seconds, of which
-  sync_seconds);
+- ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, the 0/1 outcome per item,
+  avg@N and each item's share of correct samples when the scale asks for samples, seconds, of which sync_seconds);
+- ``fixed_probe.jsonl`` when the scale sets ``probe_every``: k3 of the learner against the sampler on fixed
+  completions (``fixed_probe.pt``, sampled at step 0), every ``probe_every`` steps (:mod:`triage_trl.lab.probe`);
+- ``checkpoint-N/`` when the scale saves checkpoints (``collapse``: every 10 steps, the last one kept): a run
+  stopped mid-way resumes from the last complete one when the lab reruns it (its logs are cut back to that step);
+  removed when the run finishes;
 - ``run_summary.json`` (last, always): configuration, seed, settings, held-out accuracies, timings and ``status``
   (``"ok"``, or ``"failed: <error>"`` for a run that raised, e.g. ``StaleSamplerError``; the traceback goes to
   ``error.txt``);
@@ -38,6 +43,24 @@ RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
 
 
+def read_jsonl(path: str) -> list[dict]:
+    """The records of a jsonl file (``[]`` when it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def keep_records_up_to(path: str, step: int) -> None:
+    """Rewrite a jsonl log keeping the records of steps ``<= step`` (and those without a step): a run resumed from
+    the checkpoint of ``step`` logs the later steps again."""
+    records = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+    if os.path.exists(path):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, default=float) + "\n" for r in records)
+        os.replace(path + ".tmp", path)
+
+
 def _append_jsonl(path: str, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=float) + "\n")
@@ -46,7 +69,8 @@ def _append_jsonl(path: str, record: dict) -> None:
 def load_datasets(settings: dict, seed: int, calibration_size: int):
     """``(train, held_out, calibration)`` for the run's task.
 
-    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` with seed ``TRAIN_SEED + seed``; the held-out
+    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` (``chain_lines``: the multi-line
+    ``CHAIN_LINES_TASK`` of :mod:`triage_trl.data.reasoning_gym`) with seed ``TRAIN_SEED + seed``; the held-out
     slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
     and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
     NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
@@ -57,16 +81,76 @@ def load_datasets(settings: dict, seed: int, calibration_size: int):
     """
     from ..data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
 
-    if settings["task"] == "reasoning_gym":
-        return (reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed),
-                reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED),
-                reasoning_gym_dataset(size=calibration_size, seed=CALIBRATION_SEED))
+    if settings["task"] in ("reasoning_gym", "chain_lines"):
+        from ..data.reasoning_gym import CHAIN_LINES_EXAMPLE, CHAIN_LINES_TASK, RG_ARITHMETIC_EXAMPLE
+
+        lines = settings["task"] == "chain_lines"
+        task, example = (CHAIN_LINES_TASK, CHAIN_LINES_EXAMPLE) if lines else (None, RG_ARITHMETIC_EXAMPLE)
+        train = reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + seed, example=example)
+        held_out = reasoning_gym_dataset(task, size=settings["eval_size"] * (2 if lines else 1), seed=HELD_OUT_SEED,
+                                         example=example)
+        if lines:  # a large item space: the held-out slice keeps only items no training seed of the lab draws
+            held_out = disjoint_held_out(held_out, settings, task, example, settings["eval_size"])
+        return (train, held_out,
+                reasoning_gym_dataset(task, size=calibration_size, seed=CALIBRATION_SEED, example=example))
     if settings["task"] == "gsm8k":
         source = settings.get("data_path") or "openai/gsm8k"
         return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
                 gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
                 gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
-    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
+    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym', 'chain_lines' or "
+                     "'gsm8k'.")
+
+
+LAB_SEEDS_CHECKED = 8
+"""``chain_lines``: the held-out slice leaves out the items of the training sets of seeds 0..7 (any lab seed below 8
+trains on none of its held-out items)."""
+
+
+def disjoint_held_out(held_out, settings: dict, task: dict, example, size: int):
+    """The first ``size`` rows of ``held_out`` whose prompt is in none of the training sets of seeds
+    ``0..LAB_SEEDS_CHECKED - 1``.
+
+    Raises:
+        ValueError: fewer than ``size`` such rows (the item space is too small for a disjoint slice).
+    """
+    from ..data import TRAIN_SEED, reasoning_gym_dataset
+
+    seen = set()
+    for s in range(LAB_SEEDS_CHECKED):
+        seen.update(repr(p) for p in reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + s,
+                                                             example=example)["prompt"])
+    keep = [i for i, p in enumerate(held_out["prompt"]) if repr(p) not in seen][:size]
+    if len(keep) < size:
+        raise ValueError(f"Only {len(keep)} of {len(held_out)} held-out items are outside the training items: lower "
+                         f"--eval-size (now {size}) or --train-size.")
+    return held_out.select(keep)
+
+
+FIXED_PROBE = "fixed_probe.jsonl"
+FIXED_PROBE_BATCH = "fixed_probe.pt"
+
+
+def start_fixed_probe(trainer, held_out, settings: dict, run_dir: str, *, resumed: bool):
+    """The fixed probe of a run (:class:`triage_trl.lab.probe.FixedProbe`, every ``probe_every`` steps): its
+    completions sampled once at step 0 (kept in ``fixed_probe.pt``, so a resumed run re-scores the same ones),
+    its records appended to ``fixed_probe.jsonl``."""
+    import torch
+
+    from .probe import FixedProbe
+
+    probe = FixedProbe(held_out, every=settings["probe_every"], max_tokens=settings["max_completion_length"],
+                       temperature=settings["temperature"],
+                       on_result=lambda record: _append_jsonl(os.path.join(run_dir, FIXED_PROBE), record))
+    path = os.path.join(run_dir, FIXED_PROBE_BATCH)
+    if resumed and os.path.exists(path):
+        probe.trainer, probe.batch = trainer, torch.load(path)
+    else:
+        trainer.sync_sampler()
+        torch.save(probe.capture(trainer), path)
+        probe.measure(0)
+    trainer.add_callback(probe)
+    return probe
 
 
 def learning_rate_scale(run_dir: str, reference: str, seed: int, dose: str | None) -> float:
@@ -94,17 +178,26 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
     Raises:
         KeyError: unknown configuration or dose (before anything is written).
     """
+    from ..trainer.checkpoints import last_complete_checkpoint
+
     config = lab_config(config_name)
     dose_overrides = lab_dose(dose).overrides if dose else {}
     os.makedirs(run_dir, exist_ok=True)
-    for name in (LOG_HISTORY, HELD_OUT, "error.txt"):  # a rerun starts clean
-        if os.path.exists(os.path.join(run_dir, name)):
-            os.remove(os.path.join(run_dir, name))
+    resume = last_complete_checkpoint(run_dir)  # a run stopped mid-way (a scale that saves checkpoints) goes on
+    resumed_step = int(os.path.basename(resume).rsplit("-", 1)[1]) if resume else None
+    if resume:
+        for name in (LOG_HISTORY, HELD_OUT, FIXED_PROBE):
+            keep_records_up_to(os.path.join(run_dir, name), resumed_step)
+    else:
+        for name in (LOG_HISTORY, HELD_OUT, "error.txt", FIXED_PROBE, FIXED_PROBE_BATCH):  # a rerun starts clean
+            if os.path.exists(os.path.join(run_dir, name)):
+                os.remove(os.path.join(run_dir, name))
     start = time.perf_counter()
     summary = {"config": config.name, "dose": dose, "description": config.description, "seed": seed,
                "settings": {k: settings.get(k) for k in ("scale", *SETTING_KEYS)},
                "overrides": {**settings.get("trainer_overrides", {}), **config.overrides, **dose_overrides},
-               "held_out": [], "status": "running"}
+               "held_out": read_jsonl(os.path.join(run_dir, HELD_OUT)) if resume else [], "status": "running",
+               "resumed_from_step": resumed_step}
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
 
@@ -127,15 +220,26 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose,
                                         learning_rate_scale=scale)
             train, held_out, calibration = load_datasets(settings, seed, args.nvfp4_calibration_prompts)
+            from ..eval.held_out import shared_prompts
+
             trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
                                         train_dataset=train, calibration_dataset=calibration,
                                         callbacks=[LogHistoryWriter(run_dir)],
                                         peft_config=lora_config(settings.get("lora_rank") or 0))
             timings["startup_seconds"] = time.perf_counter() - start
+            summary["held_out_items"] = len(held_out)
+            summary["held_out_shared_with_train"] = shared_prompts(held_out, train)
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
-                                         on_result=record)
-            timings["train_seconds"] = train_with_held_out(trainer, evaluator)
+                                         on_result=record, samples=settings.get("eval_samples") or 0,
+                                         temperature=settings["temperature"])
+            if settings.get("probe_every"):
+                start_fixed_probe(trainer, held_out, settings, run_dir, resumed=resume is not None)
+            timings["train_seconds"] = train_with_held_out(trainer, evaluator, resume)
         summary["status"] = "ok"
+        from ..trainer.checkpoints import checkpoints
+
+        for folder in checkpoints(run_dir):  # the resume points of a finished run (a full model and optimizer each)
+            shutil.rmtree(folder, ignore_errors=True)
     except Exception as err:  # recorded, not lost: the lab goes on with the next run
         summary["status"] = f"failed: {type(err).__name__}: {err}".strip()
         with open(os.path.join(run_dir, "error.txt"), "w", encoding="utf-8") as f:

@@ -1,0 +1,146 @@
+"""The lab's fixed probe: the same prompts and completions re-scored by both engines every few optimizer steps.
+
+The training batch's k3 (``triage/k3_kl``) is measured on fresh rollouts, so it mixes a change of the engines with a
+change of what the policy writes. The fixed probe holds the text still: completions drawn once, at step 0, from the
+run's own sampler at the training temperature, then re-scored by the learner (its own forward) and the sampler
+(vLLM's prompt log-probs), both at temperature 1, after a weight sync. Its k3 (nats/token) moves only with the
+engines' weights. Also used by E1 (``benchmarks/mechanism_e1.py``) to re-score a rollout batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from transformers import TrainerCallback
+
+from .mechanism import mismatch_stats
+
+
+@torch.no_grad()
+def learner_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, temperature: float,
+                  rows: int = 4) -> torch.Tensor:
+    """(B, keep) log-probs (nats) of the last ``keep`` tokens under the learner at ``temperature``: the model's own
+    forward (TRL's fused head bakes in the sampling temperature), ``rows`` sequences at a time."""
+    out = []
+    for start in range(0, input_ids.size(0), rows):
+        ids, attention = input_ids[start:start + rows], attention_mask[start:start + rows]
+        # logits_to_keep: the LM head runs only on the positions that predict the kept tokens
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits
+        logits = logits[:, -keep - 1:-1].float() / temperature
+        out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -keep:, None]).squeeze(-1))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def rescore(trainer, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(learner, sampler) log-probs (B, T) of a batch's completions under the current weights at ``temperature``
+    (the sampler must be synced); NaN at masked positions of the sampler's.
+
+    Args:
+        batch: TRL's rollout layout: ``prompt_ids``/``prompt_mask`` (B, P, left-padded), ``completion_ids``/
+            ``completion_mask`` (B, T, right-padded).
+    """
+    prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
+    completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention = torch.cat([prompt_mask, completion_mask], dim=1)
+    learner = learner_logps(trainer.model, input_ids, attention, completion_ids.size(1), temperature)
+    sequences, lengths = [], []
+    for i in range(prompt_ids.size(0)):
+        prompt = prompt_ids[i][prompt_mask[i].bool()].tolist()
+        completion = completion_ids[i][completion_mask[i].bool()].tolist()
+        sequences.append(prompt + completion)
+        lengths.append(len(completion))
+    scored = trainer.vllm_generation.score_logps(sequences, temperature=temperature)
+    sampler = torch.full_like(learner, math.nan)
+    for i, (values, n) in enumerate(zip(scored, lengths)):
+        if n:
+            sampler[i, :n] = torch.tensor(values[-n:], dtype=sampler.dtype)
+    return learner.float(), sampler.float()
+
+
+def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_token_id: int) -> dict:
+    """TRL's rollout layout of token-id lists: prompts left-padded, completions right-padded (long tensors, masks
+    0/1)."""
+    b, p_len, c_len = len(prompts), max(map(len, prompts)), max(max(map(len, completions)), 1)
+    batch = {"prompt_ids": torch.full((b, p_len), pad_token_id, dtype=torch.long),
+             "prompt_mask": torch.zeros((b, p_len), dtype=torch.long),
+             "completion_ids": torch.full((b, c_len), pad_token_id, dtype=torch.long),
+             "completion_mask": torch.zeros((b, c_len), dtype=torch.long)}
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        batch["prompt_ids"][i, p_len - len(p):] = torch.tensor(p, dtype=torch.long)
+        batch["prompt_mask"][i, p_len - len(p):] = 1
+        if c:
+            batch["completion_ids"][i, :len(c)] = torch.tensor(c, dtype=torch.long)
+            batch["completion_mask"][i, :len(c)] = 1
+    return batch
+
+
+class FixedProbe(TrainerCallback):
+    """k3 of the learner against the sampler on fixed completions, every ``every`` optimizer steps (and at the last).
+
+    :meth:`capture` (step 0, after a sync) samples one completion per prompt of ``dataset`` from the sampler at
+    ``temperature`` (vLLM seed ``seed``); :meth:`measure` syncs the sampler and re-scores them with both engines at
+    temperature 1. Each record: ``{"step", "k3", "gap_mean", "p99_abs_gap", "tokens"}`` (nats/token; p99 in nats).
+
+    Launch configurations: single process with colocated vLLM (the lab's); not under DDP/FSDP2/ZeRO or server mode.
+
+    Args:
+        dataset: rows with a chat ``prompt`` (the first ``prompts`` are used).
+        every: measure every this many optimizer steps.
+        on_result: called with each record.
+    """
+
+    def __init__(self, dataset, *, every: int, max_tokens: int, temperature: float, prompts: int = 16, seed: int = 0,
+                 on_result: Callable | None = None):
+        if every < 1 or prompts < 1:
+            raise ValueError(f"FixedProbe needs every >= 1 and prompts >= 1 (got every={every}, prompts={prompts}).")
+        self.dataset = dataset.select(range(min(prompts, len(dataset))))
+        self.every, self.max_tokens, self.temperature, self.seed = every, max_tokens, temperature, seed
+        self.on_result = on_result
+        self.trainer = None
+        self.batch: dict | None = None
+        self.records: list[dict] = []
+
+    def capture(self, trainer) -> dict:
+        """Sample the probe's completions from the (synced) sampler; returns the padded batch."""
+        from vllm import SamplingParams
+
+        self.trainer = trainer
+        tokenizer = trainer.processing_class
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                 for p in self.dataset["prompt"]]
+        params = SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, n=1, seed=self.seed)
+        outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.batch = pad_batch([list(o.prompt_token_ids) for o in outputs],
+                               [list(o.outputs[0].token_ids) for o in outputs], pad)
+        return self.batch
+
+    def measure(self, step: int) -> dict:
+        """Sync the sampler, re-score the probe with both engines, record and return the step's numbers."""
+        if self.batch is None:
+            raise RuntimeError("FixedProbe.measure before capture: call capture(trainer) at step 0.")
+        self.trainer.sync_sampler()
+        was_training = self.trainer.model.training
+        self.trainer.model.eval()
+        try:
+            learner, sampler = rescore(self.trainer, self.batch, 1.0)
+        finally:
+            self.trainer.model.train(was_training)
+        mask = self.batch["completion_mask"].bool()
+        empty = {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")}
+        stats = mismatch_stats(learner, sampler, mask, empty)
+        record = {"step": step, "k3": stats["k3"], "gap_mean": stats["gap_mean"],
+                  "p99_abs_gap": stats["p99_abs_gap"], "tokens": int(mask.sum())}
+        self.records.append(record)
+        if self.on_result is not None:
+            self.on_result(record)
+        return record
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer is not None and (state.global_step % self.every == 0 or state.global_step == state.max_steps):
+            self.measure(state.global_step)
