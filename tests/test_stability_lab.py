@@ -94,9 +94,9 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
 
 def test_doses_set_the_nvfp4_recipe_and_bf16_takes_none(tmp_path):
     settings = scale_preset("cpu")
-    assert list(DOSES) == ["paper", "stress"] and settings["doses"] == ["paper", "stress"]
+    assert list(DOSES) == ["paper", "stress", "hot_1.15", "hot_1.3"] and settings["doses"] == ["paper", "stress"]
     recipes = {d: build_trainer_config("triage", settings, str(tmp_path / d), seed=0, dose=d).nvfp4_recipe
-               for d in DOSES}
+               for d in settings["doses"]}
     assert recipes == {"paper": "paper", "stress": "all"}
     with pytest.raises(ValueError, match="needs a dose"):
         build_trainer_config("triage", settings, str(tmp_path / "x"), seed=0)
@@ -186,6 +186,28 @@ def test_chain_lines_held_out_is_disjoint_from_every_lab_seeds_training_items():
     text = held_out[0]["prompt"][-1]["content"]
     assert text.count("+") + text.count("-") >= 3  # 4-5 terms
     assert held_out[0]["prompt"][1]["content"].count("\n") == 3  # the example works one partial sum per line
+
+
+def test_hot_sampler_doses_run_both_engines_bf16_with_a_rising_sampler_temperature(tmp_path):
+    from types import SimpleNamespace
+
+    from triage_trl.lab.hot_sampler import HotSampler, ramp
+
+    settings = scale_preset("collapse")
+    for dose, end in (("hot_1.15", 1.15), ("hot_1.3", 1.3)):
+        config = build_trainer_config("triage", settings, str(tmp_path / dose), seed=0,
+                                      trainer_overrides=settings["trainer_overrides"], dose=dose)
+        assert (config.learner_precision, config.sampler_precision, config.triage_mode) == ("bf16", "bf16", "full")
+        assert DOSES[dose].sampler_temperature == (1.0, end)
+    assert [ramp(s, 5, 1.0, 1.3) for s in (1, 3, 5, 9)] == pytest.approx([1.0, 1.15, 1.3, 1.3])
+    trainer = SimpleNamespace(args=SimpleNamespace(temperature=0.8), vllm_generation=SimpleNamespace(temperature=0.8))
+    hot = HotSampler(trainer, 1.0, 1.5)
+    for step in range(3):
+        hot.on_step_begin(None, SimpleNamespace(global_step=step, max_steps=3), None)
+    assert hot.temperatures == pytest.approx([0.8, 1.0, 1.2])
+    assert trainer.vllm_generation.temperature == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="1 <= start <= end"):
+        HotSampler(trainer, 0.9, 1.3)
 
 
 def test_resumed_run_keeps_the_log_records_up_to_its_checkpoint(tmp_path):

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 NVFP4 = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
+BF16_BOTH = {"learner_precision": "bf16", "sampler_precision": "bf16"}
 TRIAGE_FULL = {**NVFP4, "triage_mode": "full"}
 NAIVE = {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}
 OPSM_THRESHOLD = 0.5
@@ -58,11 +59,14 @@ class LabConfig:
 
 @dataclass(frozen=True)
 class Dose:
-    """A mismatch dose: the NVFP4 layer recipe (``overrides``, ``TriageGRPOConfig`` fields) of an NVFP4 run."""
+    """A mismatch dose: the NVFP4 layer recipe (``overrides``, ``TriageGRPOConfig`` fields) of an NVFP4 run, or
+    (E3) a sampler hotter than the learner: ``sampler_temperature`` = the factor at the first and the last step
+    (:mod:`triage_trl.lab.hot_sampler`), with both engines in bf16 (its overrides)."""
 
     name: str
     description: str
     overrides: dict
+    sampler_temperature: tuple[float, float] | None = None
 
 
 DOSES: dict[str, Dose] = {d.name: d for d in [
@@ -70,8 +74,16 @@ DOSES: dict[str, Dose] = {d.name: d for d in [
          "of the blocks in bf16; the other blocks' MLP in NVFP4)", {"nvfp4_recipe": "paper"}),
     Dose("stress", "every decoder linear in NVFP4 (nvfp4_recipe='all'): on SmolLM2-135M about 3x the paper "
          "recipe's k3 against the float model (docs/nvfp4.md)", {"nvfp4_recipe": "all"}),
+    Dose("hot_1.15", "E3: no quantisation (both engines bf16); the sampler samples at 1.0 -> 1.15 x the learner's "
+         "temperature, rising linearly over the run (lab only: triage_trl.lab.hot_sampler)", dict(BF16_BOTH),
+         sampler_temperature=(1.0, 1.15)),
+    Dose("hot_1.3", "E3: as hot_1.15, the sampler at 1.0 -> 1.3 x the learner's temperature", dict(BF16_BOTH),
+         sampler_temperature=(1.0, 1.3)),
 ]}
-"""The doses, smallest mismatch first."""
+"""The doses: the NVFP4 recipes (smallest mismatch first), then E3's hot-sampler doses (configurations' NVFP4
+precisions replaced by bf16: the only mismatch is the sampler's temperature)."""
+NVFP4_DOSES = [name for name, d in DOSES.items() if d.sampler_temperature is None]
+"""The NVFP4 recipe doses (the presets' default)."""
 
 
 _REGISTRY = [
@@ -140,7 +152,7 @@ SCALES: dict[str, dict] = {
         model=None, task="reasoning_gym", data_path=None, max_steps=12, prompts_per_step=2, num_generations=8,
         max_completion_length=32, temperature=0.7, learning_rate=1e-4, lora_rank=16, train_size=256, eval_size=128,
         eval_every=12, eval_samples=0, num_iterations=1, probe_every=0,
-        seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(DOSES), ablation_dose="paper", trainer_overrides={},
+        seeds=[0, 1, 2], configs=list(CONFIGS), doses=list(NVFP4_DOSES), ablation_dose="paper", trainer_overrides={},
         estimate=dict(startup_s=40.0, step_s=32.0, eval_s=30.0),
     ),
     # CI/tests: a tiny random Qwen3 (`tiny-qwen3`, built once in the lab folder), 1 step.
@@ -173,7 +185,7 @@ SCALES: dict[str, dict] = {
         max_completion_length=1024, temperature=1.0, learning_rate=1e-6, lora_rank=0, train_size=None,
         eval_size=500,
         eval_every=50, eval_samples=8, num_iterations=1, probe_every=10, seeds=[0, 1, 2], configs=list(CONFIGS),
-        doses=list(DOSES), ablation_dose="paper",
+        doses=list(NVFP4_DOSES), ablation_dose="paper",
         trainer_overrides={
             "use_cpu": False, "bf16": True, "model_init_kwargs": {"dtype": "bfloat16"}, "beta": 0.0,
             "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,

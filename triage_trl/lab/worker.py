@@ -232,6 +232,11 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
                                          on_result=record, samples=settings.get("eval_samples") or 0,
                                          temperature=settings["temperature"])
+            hot = lab_dose(dose).sampler_temperature if dose else None
+            if hot:  # E3: lab only, bypasses the trainer's same-temperature rule (triage_trl.lab.hot_sampler)
+                from .hot_sampler import HotSampler
+
+                trainer.add_callback(HotSampler(trainer, *hot))
             if settings.get("probe_every"):
                 start_fixed_probe(trainer, held_out, settings, run_dir, resumed=resume is not None)
             timings["train_seconds"] = train_with_held_out(trainer, evaluator, resume)
