@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "about 6 million values per 128-token sequence on SmolLM2)")
     parser.add_argument("--output-dir", default="runs/mechanism_e1")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved results")
+    parser.add_argument("--nulls", action="store_true",
+                        help="the paper's two observations on the saved rollout batches (before any step), each "
+                        "against its null model (triage_trl.lab.null_models): nulls.md")
     args = parser.parse_args(argv)
     if args.smoke:
         args.scale = "smoke"
@@ -334,10 +337,53 @@ def _cpu(batch: dict) -> dict:
     return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
+def nulls_report(out: str, model_path: str, group_size: int) -> dict:
+    """The NA share of the amplifying tail and the tail concentration of every saved batch (the learner and sampler
+    log-probs re-scored before the step), each against its null model; writes ``nulls.md`` and ``nulls.json``."""
+    from transformers import AutoTokenizer
+
+    from triage_trl.lab.null_models import na_share_null, segment_tail_counts, tail_concentration_null
+    from triage_trl.segments import build_newline_table, segment_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    table = None
+    rows = []
+    for name in sorted(os.listdir(os.path.join(out, "batches"))):
+        saved = torch.load(os.path.join(out, "batches", name), weights_only=False)
+        batch, learner, sampler = saved["batch"], saved["learner_before"], saved["sampler_before"]
+        adv = batch["advantages"].float().view(-1)
+        if table is None:
+            table = build_newline_table(tokenizer, vocab_size=max(len(tokenizer), int(batch["completion_ids"].max()) + 1))
+        segments = segment_ids(batch["completion_ids"], mode="newline", newline_table=table)
+        na = na_share_null(learner, sampler, adv, batch["completion_mask"], group_size)
+        lengths, counts = segment_tail_counts(learner, sampler, adv, batch["completion_mask"], segments)
+        conc = tail_concentration_null(lengths, counts)
+        rows.append({"batch": name, "na_share": na, "tail_concentration": conc})
+    lines = ["| batch | NA share of amplifying tail | null mean [95%] | p | tail conc. | null mean [95%] | p | "
+             "segments |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        na, conc = r["na_share"], r["tail_concentration"]
+        lines.append(f"| {r['batch']} | {na['observed']:.3f} (n={na['n_tail']}) | {na['null_mean']:.3f} "
+                     f"[{na['null_low']:.3f}, {na['null_high']:.3f}] | {na['p_value']:.3f} | {conc['observed']:.3f} | "
+                     f"{conc['null_mean']:.3f} [{conc['null_low']:.3f}, {conc['null_high']:.3f}] | "
+                     f"{conc['p_value']:.3f} | {conc['n_segments']} |")
+    with open(os.path.join(out, "nulls.json"), "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=2, default=float)
+    with open(os.path.join(out, "nulls.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return {"rows": rows, "text": "\n".join(lines)}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = resolve_settings(args)
     out = run_dir(args, settings)
+    if args.nulls:
+        from triage_trl.runs import resolve_model
+
+        result = nulls_report(out, resolve_model(settings.get("model"), out), settings["num_generations"])
+        print(result["text"])
+        return result
     if args.report_only:
         table = report(out)
         print(open(os.path.join(out, "report.md"), encoding="utf-8").read())
@@ -372,6 +418,7 @@ def main(argv=None) -> dict:
         model_path = resolve_model(settings.get("model"), out)
         config = build_trainer_config("nvfp4_naive", settings, os.path.join(out, "trainer"), args.seed,
                                       settings.get("trainer_overrides"), args.dose)
+        config.triage_fuse_rollout_logps = False  # every arm's step needs the rollout-time learner log-probs
         fields = arm_fields(settings, os.path.join(out, "trainer"), args.seed, args.dose)
         train, held_out, calibration = load_datasets(settings, args.seed, config.nvfp4_calibration_prompts)
         rewards = [smoke_reward] if args.smoke else demo_rewards()

@@ -74,6 +74,22 @@ def test_tail_concentration_null():
         tail_concentration_null([3], [4])
 
 
+def test_segment_tail_counts_hand_computed():
+    from triage_trl.lab.null_models import segment_tail_counts
+
+    learner = torch.zeros(2, 4)
+    # gaps (learner - sampler): row 0: -2, 0.01, 0.01, -0.01 ; row 1: 2, 0.01, -0.01, 0.01
+    sampler = torch.tensor([[2.0, -0.01, -0.01, 0.01], [-2.0, -0.01, 0.01, -0.01]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    segments = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
+    # tail = |gap| >= max(0.05, q98): the two |gap| = 2 tokens; row 0 has A < 0 (NA), row 1 A > 0 (PA)
+    lengths, counts = segment_tail_counts(learner, sampler, torch.tensor([-1.0, 1.0]), mask, segments)
+    assert lengths == [2, 2, 1, 2] and counts == [1, 0, 1, 0]
+    # a zero-advantage completion is diagnosed nowhere
+    lengths, counts = segment_tail_counts(learner, sampler, torch.tensor([0.0, 1.0]), mask, segments)
+    assert lengths == [1, 2] and counts == [1, 0]
+
+
 def test_cost_gain_and_paired_bootstrap():
     assert step0_cost(0.422, 0.703) == pytest.approx(0.281)
     gain = training_gain([[0, 1, 0, 1], [1, 1, 0, 0]], [[1, 1, 0, 1], [1, 1, 1, 0]])

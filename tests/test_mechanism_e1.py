@@ -179,6 +179,13 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     assert json.loads((run / "progress.json").read_text()) == {"next_batch": 1}
     assert "| direction_blind | 1 |" in (run / "report.md").read_text()
 
+    nulls = subprocess.run([*cmd, "--nulls"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                           check=False)
+    assert nulls.returncode == 0, nulls.stderr[-2000:]
+    rows = json.loads((run / "nulls.json").read_text())
+    assert [r["batch"] for r in rows] == ["b000.pt"] and rows[0]["tail_concentration"]["n_segments"] > 0
+    assert "| b000.pt |" in (run / "nulls.md").read_text()
+
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and "All 1 batches done." in again.stdout, again.stderr[-2000:]
 

@@ -294,6 +294,38 @@ def _held_out(*accuracies):
     return [{"step": 4 * i, "accuracy": a, "correct": int(a * 8), "total": 8} for i, a in enumerate(accuracies)]
 
 
+def test_cost_gain_stability_hand_computed():
+    from triage_trl.lab.metrics import cost_gain_stability
+
+    def run(seed, step0, final, scores0=None, scores1=None, k3=None, rewards=None, probe=None):
+        held = [{"step": 0, "outcomes": step0}, {"step": 20, "outcomes": final}]
+        if scores0 is not None:
+            held[0]["item_scores"], held[1]["item_scores"] = scores0, scores1
+        rewards = rewards or [0.5] * 20
+        return {"seed": seed, "held_out": held, "history": _history(rewards, k3=k3),
+                "probe": [{"step": s, "k3": v} for s, v in (probe or [])]}
+
+    k3 = [0.01 * math.exp(0.1 * i) for i in range(20)]  # ln k3 rises 0.1 per step
+    runs = [run(0, [1, 0, 0, 1], [1, 1, 0, 1], [0.5, 0.0, 0.25, 1.0], [0.5, 0.5, 0.25, 1.0], k3=k3,
+                probe=[(0, 0.1), (10, 0.1 * math.e)]),
+            run(1, [1, 0, 0, 1], [1, 1, 1, 0], [0.5, 0.0, 0.25, 1.0], [0.75, 0.0, 0.25, 1.0], k3=k3,
+                rewards=[0.8] * 10 + [0.4] * 10)]
+    reference = [run(0, [1, 1, 0, 1], [1, 1, 1, 1])]
+    result = cost_gain_stability(runs, reference, samples_key="avg_at_4")
+    # cost: both seeds against the reference's step 0 (seed 1 falls back to the first reference seed): 1 item each
+    assert result["cost"]["mean"] == pytest.approx(2 / 8) and result["cost"]["n"] == 8
+    assert result["gain"]["mean"] == pytest.approx((1 + 1 + 1 - 1) / 8)  # paired over (seed, item)
+    assert result["gain_sampled"]["mean"] == pytest.approx((0.5 + 0.25) / 8)
+    assert result["gain"]["low"] <= result["gain"]["mean"] <= result["gain"]["high"]
+    assert result["k3_slope"] == pytest.approx(0.1) and result["probe_k3_slope"] == pytest.approx(0.1)
+    # k3 grows e^0.1 per step: e^1.0 = 2.7 x the first-10 mean at step 20 is below 5x; the reward of seed 1 drops
+    # 0.4 below its peak for good
+    assert [c["collapsed"] for c in result["collapses"]] == [False, True]
+    assert result["collapses"][1]["reason"] == "reward"
+    none = cost_gain_stability([{"seed": 0, "held_out": [], "history": [], "probe": []}], None)
+    assert math.isnan(none["cost"]["mean"]) and math.isnan(none["gain"]["mean"]) and none["gain"]["n"] == 0
+
+
 def test_collapse_rule():
     history = _history([0.1, 0.2])
     assert collapsed("ok", history, _held_out(0.5, 0.25))  # 0.25 <= 0.5 x 0.5
@@ -361,6 +393,9 @@ def test_summarize_synthetic_lab(tmp_path):
     assert naive[1] == "3" and naive[8] == "1/3" and naive[9] == "1/3"  # the failed, non-finite seed collapses
     assert "failed: ValueError: NaN" in text and "grad-norm spike" in text and "collapse" in text
     assert "NA share 70.0% of NA + PA" in text  # first 5 steps (4 logged): NA 14, PA 6 on every seed
+    assert "## Cost, gain and stability" in text and "collapse (pre-registered)" in text
+    gain = next(line for line in text.split("## Cost, gain")[1].splitlines() if line.startswith("| bf16 |"))
+    assert "| n/a | n/a | n/a |" in gain  # these synthetic records carry no per-item outcomes
     for png in ("overlay.png", "observations.png"):
         assert os.path.getsize(tmp_path / png) > 10_000, png
 

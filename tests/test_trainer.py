@@ -388,6 +388,34 @@ def test_trl_ratio_never_reaches_the_loss(tmp_path, tiny_qwen3_dir, fake_sampler
     assert trainer.args.vllm_importance_sampling_correction is False and trainer.args.triage_replaces_trl_ratio
 
 
+def test_fused_rollout_logps_give_the_loss_grads_and_metrics_of_trls_separate_forward(tmp_path, tiny_qwen3_dir,
+                                                                                      fake_sampler):
+    """On-policy, the loss forward's detached log-probs are the rollout-time ones: skipping TRL's rollout forward
+    (TriageGRPOConfig.fuses_rollout_logps) changes no loss, gradient or TRIAGE metric."""
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True)
+    assert trainer.args.fuses_rollout_logps
+    inputs = _batch(trainer)
+    separate, separate_grads = _loss_and_grads(trainer, inputs)
+    separate_metrics = trainer.triage_metrics.pop("train")
+    fused_inputs = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
+    fused, fused_grads = _loss_and_grads(trainer, fused_inputs)
+    fused_metrics = trainer.triage_metrics.pop("train")
+    torch.testing.assert_close(fused, separate)
+    assert fused_grads.keys() == separate_grads.keys()
+    for name, grad in separate_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, msg=name)
+    assert fused_metrics.keys() == separate_metrics.keys()
+    for name, value in separate_metrics.items():
+        assert fused_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+    assert trainer._metrics["train"]["sampling/sampling_logp_difference/mean"][-1] > 0.0  # TRL's metric kept
+    assert "_get_per_token_logps_and_entropies" not in trainer.__dict__  # the class's method again
+    # off-policy batches (2 updates per rollout) and the switch keep TRL's separate forward
+    assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, num_iterations=2).fuses_rollout_logps
+    assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, triage_fuse_rollout_logps=False).fuses_rollout_logps
+    assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, triage_mode="diagnose",
+                     vllm_importance_sampling_correction=True).fuses_rollout_logps
+
+
 # ---------------------------------------------------------------------------------------------- training loop
 
 

@@ -10,6 +10,14 @@ LOG_HISTORY = "log_history.jsonl"
 """Log records appended as they are logged (``triage_trl.runs.LogHistoryWriter``): a crashed run keeps its curve."""
 
 
+def read_jsonl(path: str) -> list[dict]:
+    """The records of a jsonl file, in order (``[]`` when it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def read_log_history(run_dir: str) -> list[dict]:
     """A run's log records, in order: ``log_history.jsonl`` (written as it logs), else the ``trainer_state.json`` of
     the run folder or of its last checkpoint (``TrainerState.load_from_json``).
@@ -22,8 +30,7 @@ def read_log_history(run_dir: str) -> list[dict]:
 
     path = os.path.join(run_dir, LOG_HISTORY)
     if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_jsonl(path)
     candidates = [os.path.join(run_dir, "trainer_state.json")]
     if os.path.isdir(run_dir) and (last := get_last_checkpoint(run_dir)):
         candidates.append(os.path.join(last, "trainer_state.json"))

@@ -37,13 +37,13 @@ RG_ARITHMETIC_EXAMPLE = (
 )
 
 
-CHAIN_LINES_TASK = {"name": "chain_sum", "min_terms": 4, "max_terms": 5, "min_digits": 1, "max_digits": 1}
+CHAIN_LINES_TASK = {"name": "chain_sum", "min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 """The stability lab's multi-line task (``collapse`` scale, E2 in ``docs/stability.md``): sums/differences of 4-5
 1-digit numbers, worked one partial sum per line (:data:`CHAIN_LINES_EXAMPLE`), so a completion has 4-6 lines and
 TRIAGE's newline segments are not the whole completion."""
 CHAIN_LINES_EXAMPLE = (
-    "State the final answer to the following arithmetic problem: 7 - 9 + 4 - 8 =",
-    "7 - 9 = -2\n-2 + 4 = 2\n2 - 8 = -6\nThe final answer is \\boxed{-6}.",
+    "State the final answer to the following arithmetic problem: 7 - 9 + 4 =",
+    "7 - 9 = -2\n-2 + 4 = 2\nThe final answer is \\boxed{2}.",
 )
 """The one-shot turn of :data:`CHAIN_LINES_TASK`: one partial sum per line, then the boxed answer."""
 

@@ -277,3 +277,63 @@ def collapse_by_rule(rewards: list[float], k3: list[float], grad_norms: list[flo
         return {"collapsed": False, "reason": None, "step": None}
     step, reason = min(found)
     return {"collapsed": True, "reason": reason, "step": step}
+
+
+def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, samples_key: str | None = None) -> dict:
+    """Cost, gain and stability of one configuration@dose over its seeds (the lab's three numbers).
+
+    Args:
+        runs: one dict per seed: ``{"seed", "held_out": [evaluation records, step 0 first, with "outcomes" (0/1 per
+            item) and, with samples, "item_scores"], "history": [log records], "probe": [fixed-probe records]}``.
+        reference: the same for the reference configuration (bf16), or ``None``; its step 0 is matched by seed
+            (else its first seed: every seed starts from the same weights and held-out items).
+        samples_key: the avg@N key of the evaluation records (e.g. ``"avg_at_8"``), or ``None``.
+
+    Returns:
+        ``cost`` (reference's step-0 greedy accuracy minus the run's, paired by item, pooled over seeds; in
+        [-1, 1]), ``gain`` (final - step-0 greedy accuracy, :func:`training_gain`), ``gain_sampled`` (the same on
+        each item's share of correct samples), each ``{"mean", "low", "high", "n"}`` (NaN where the records lack
+        per-item outcomes); ``k3_slope`` and ``probe_k3_slope`` (mean over seeds of :func:`k3_log_slope` of the
+        training batch's ``triage/k3_kl`` and of the fixed probe's k3); ``collapses``: :func:`collapse_by_rule`
+        per seed.
+    """
+    nan = {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+
+    def outcomes(run, index, key):
+        held = run.get("held_out") or []
+        return held[index].get(key) if held and key in held[index] else None
+
+    gains = {}
+    for name, key in (("gain", "outcomes"), ("gain_sampled", "item_scores" if samples_key else None)):
+        pairs = [(outcomes(r, 0, key), outcomes(r, -1, key)) for r in runs] if key else []
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None and len(a) == len(b)]
+        gains[name] = training_gain([a for a, _ in pairs], [b for _, b in pairs]) if pairs else dict(nan)
+    cost = dict(nan)
+    if reference:
+        by_seed = {r.get("seed"): r for r in reference}
+        diffs = []
+        for r in runs:
+            ref = by_seed.get(r.get("seed"), reference[0])
+            mine, theirs = outcomes(r, 0, "outcomes"), outcomes(ref, 0, "outcomes")
+            if mine is not None and theirs is not None and len(mine) == len(theirs):
+                diffs += [float(t) - float(m) for m, t in zip(mine, theirs)]
+        cost = paired_bootstrap(diffs) if diffs else cost
+    slopes, probe_slopes, collapses = [], [], []
+    for r in runs:
+        steps, k3 = step_series(r.get("history") or [], "triage/k3_kl")
+        _, rewards = step_series(r.get("history") or [], "reward")
+        _, grad_norms = step_series(r.get("history") or [], "grad_norm")
+        slopes.append(k3_log_slope(steps, k3))
+        probe = r.get("probe") or []
+        probe_slopes.append(k3_log_slope([p["step"] for p in probe], [p["k3"] for p in probe]))
+        collapses.append(collapse_by_rule(rewards, k3, grad_norms))
+    return {"cost": cost, **gains, "k3_slope": mean_std(slopes)[0], "probe_k3_slope": mean_std(probe_slopes)[0],
+            "collapses": collapses}
+
+
+def collapse_rule_text() -> str:
+    """The pre-registered collapse rule (:func:`collapse_by_rule`) in one markdown line."""
+    return (f"**collapse (pre-registered)**: the {COLLAPSE_REWARD_WINDOW}-step moving mean training reward falls >= "
+            f"{COLLAPSE_REWARD_DROP:g} below its running peak and is still that far below at the last step, or a "
+            f"step's k3 >= {COLLAPSE_K3_FACTOR:g} x the mean k3 of the first {COLLAPSE_K3_BASELINE_STEPS} steps, or "
+            "a non-finite grad norm; the earliest criterion is reported with its step.")

@@ -83,6 +83,39 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
     return {**_compare(observed, null), "n_tail": int(torch.count_nonzero(tail))}
 
 
+def segment_tail_counts(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                        segments: torch.Tensor, *, tail_quantile: float = 0.98,
+                        tail_min_gap: float = 0.05) -> tuple[list[int], list[int]]:
+    """Per segment, its diagnosed tokens and its amplifying tail tokens, the inputs of
+    :func:`tail_concentration_null` (as ``triage/tail_concentration`` counts them: diagnosed = valid, measured tokens
+    of completions with a non-zero advantage; tail = TRIAGE's, ``docs/objective.md`` step 3; amplifying = NA or PA).
+
+    Args:
+        learner, sampler: (B, T) log-probs (nats); advantages: (B,); mask: (B, T);
+        segments: (B, T) segment index per position (``triage_trl.segments.segment_ids``).
+
+    Returns:
+        ``(lengths, counts)``: one entry per segment holding at least one diagnosed token.
+    """
+    valid = mask.bool() if mask.dtype != torch.bool else mask
+    gap = measure_gap(learner.detach().float(), sampler.detach().float(), valid)
+    measured_f = gap.measured.float()
+    n = int(torch.count_nonzero(gap.measured))
+    tau = tail_threshold(gap.abs_gap * measured_f, n, tail_quantile, tail_min_gap)
+    tail = tail_tokens(gap.abs_gap * measured_f, tau, measured_f)
+    adv = advantages.detach().float()[:, None].expand_as(gap.gap)
+    quadrants = direction_quadrants(gap.gap, adv, 1)
+    diagnosed = gap.measured & (adv != 0)
+    amp_tail = tail & (quadrants["NA"] | quadrants["PA"]) & diagnosed
+    key = torch.arange(segments.shape[0])[:, None] * (segments.shape[1] + 1) + segments.long()
+    lengths, counts = defaultdict(int), defaultdict(int)
+    for k, d, a in zip(key[diagnosed].tolist(), [1] * int(diagnosed.sum()), amp_tail[diagnosed].tolist()):
+        lengths[k] += d
+        counts[k] += int(a)
+    order = sorted(lengths)
+    return [lengths[k] for k in order], [counts[k] for k in order]
+
+
 def top_decile_share(tail_counts: list[int]) -> float:
     """Share of tail tokens in the ``ceil(10%)`` of segments holding the most (0 when there is none), as the
     trainer's ``triage/tail_concentration``; ``tail_counts`` has one entry per segment with a diagnosed token."""

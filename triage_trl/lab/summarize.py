@@ -4,8 +4,10 @@ Reads every finished run (``LAB_DIR/runs/<config>@<dose>/seed<S>/run_summary.jso
 ``log_history.jsonl``) and writes into LAB_DIR:
 
 - ``results.md``: one row per configuration and dose, mean ± std over seeds (rules from
-  :mod:`triage_trl.lab.metrics`, printed under the table); per dose, the runs against bf16 and the goal
-  (:data:`GOAL_RATIO`); the descriptions, one row per run, and the paper's observations measured on
+  :mod:`triage_trl.lab.metrics`, printed under the table); the cost / gain / stability table (step-0 cost against
+  bf16 and training gain paired by item with bootstrap intervals, greedy and avg@N; the slope of ln k3 on the
+  training batch and on the fixed probe; the pre-registered collapse rule per seed); per dose, the runs against
+  bf16 and the goal (:data:`GOAL_RATIO`); the descriptions, one row per run, and the paper's observations measured on
   ``nvfp4_naive`` (NA vs PA tail-token counts over the first steps, tail concentration per step);
 - ``overlay.png``: reward and k3 KL against the optimizer step for all configurations (:mod:`.plots`);
 - ``observations_<dose>.png``: the observations' curves, one per dose of ``nvfp4_naive``.
@@ -19,9 +21,10 @@ import json
 import math
 import os
 
-from ..run_logs import read_log_history
+from ..run_logs import read_jsonl, read_log_history
 from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
-from .metrics import format_mean_std, mean_std, rules_text, run_metrics, step_series
+from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_metrics,
+                      step_series)
 from .plots import write_observations, write_overlay
 
 RESULTS = "results.md"
@@ -55,7 +58,8 @@ def load_runs(lab_dir: str) -> dict[str, list[dict]]:
         label = (run_label(summary["config"], summary.get("dose")) if summary.get("config")
                  else os.path.basename(os.path.dirname(run_dir)))
         runs.setdefault(label, []).append({"seed": summary.get("seed"), "dir": run_dir, "summary": summary,
-                                           "history": history, "metrics": run_metrics(summary, history)})
+                                           "history": history, "metrics": run_metrics(summary, history),
+                                           "probe": read_jsonl(os.path.join(run_dir, "fixed_probe.jsonl"))})
     known = [run_label(c, d) for c in CONFIGS for d in (None, *DOSES)]
     order = [c for c in known if c in runs] + sorted(c for c in runs if c not in known)
     return {c: sorted(runs[c], key=lambda r: (r["seed"] is None, r["seed"])) for c in order}
@@ -98,6 +102,41 @@ def _table(runs: dict[str, list[dict]], planned: list[str]) -> list[str]:
                  format_mean_std([x["wall_min"] for x in m], ".1f")]
         lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _interval(value: dict, scale: float = 100.0) -> str:
+    if not math.isfinite(value["mean"]):
+        return "n/a"
+    text = f"{value['mean'] * scale:+.1f}"
+    return text + (f" [{value['low'] * scale:+.1f}, {value['high'] * scale:+.1f}]" if math.isfinite(value["low"])
+                   else "")
+
+
+def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) -> list[str]:
+    """The cost / gain / stability table (:func:`triage_trl.lab.metrics.cost_gain_stability`), one row per run label."""
+    ref = [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in runs.get(reference, [])] or None
+    samples_key = next((k for rows in runs.values() for r in rows for e in (r["summary"].get("held_out") or [])
+                        for k in e if k.startswith("avg_at_")), None)
+    held = next((r["summary"] for rows in runs.values() for r in rows), {})
+    lines = ["## Cost, gain and stability", "",
+             f"Held-out items: {held.get('held_out_items', 'n/a')}, of which among the run's training items: "
+             f"{held.get('held_out_shared_with_train', 'n/a')}. Cost: {reference}'s step-0 greedy accuracy minus "
+             "the run's (points, paired by item); gain: final minus step 0 (points, paired by item); in brackets a "
+             "percentile bootstrap 95% interval over (seed, item) pairs. k3 slope: least-squares slope of ln k3 per "
+             "optimizer step (training batch; fixed probe).", "",
+             f"| run | seeds | step-0 cost (greedy) | gain (greedy) | gain ({samples_key or 'avg@N'}) | "
+             "k3 slope / step | probe k3 slope / step | collapsed (rule) |", "|---|---|---|---|---|---|---|---|"]
+    for label, rows in runs.items():
+        result = cost_gain_stability(
+            [{"seed": r["seed"], "held_out": r["summary"].get("held_out"), "history": r["history"],
+              "probe": r.get("probe")} for r in rows], ref, samples_key=samples_key)
+        fell = [f"seed {r['seed']}: {c['reason']}@{c['step']}" for r, c in zip(rows, result["collapses"])
+                if c["collapsed"]]
+        lines.append(f"| {label} | {len(rows)} | {_interval(result['cost'])} | {_interval(result['gain'])} | "
+                     f"{_interval(result['gain_sampled'])} | {_num(result['k3_slope'], '+.4f')} | "
+                     f"{_num(result['probe_k3_slope'], '+.4f')} | {len(fell)}/{len(rows)}"
+                     f"{' (' + '; '.join(fell) + ')' if fell else ''} |")
+    return lines + ["", "- " + collapse_rule_text(), ""]
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
@@ -251,6 +290,7 @@ def summarize(lab_dir: str) -> str:
     if plan.get("seeds") is not None:
         lines += [f"Planned: {len(planned)} runs (configuration@dose) x seeds {plan['seeds']}.", ""]
     lines += _table(runs, planned) + ["", "Rules:", ""] + rules_text() + [""]
+    lines += cost_gain_md(runs)
     lines += _dose_md(runs, doses)
     lines += ["## Runs and doses", ""]
     for name, rows in runs.items():

@@ -32,7 +32,7 @@ import shutil
 import time
 import traceback
 
-from ..run_logs import LOG_HISTORY, read_log_history
+from ..run_logs import LOG_HISTORY, read_jsonl, read_log_history
 from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
 from ..runtime import vllm_process_settings
 from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
@@ -41,14 +41,6 @@ from .metrics import mean_triage_weight
 
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """The records of a jsonl file (``[]`` when it does not exist)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def keep_records_up_to(path: str, step: int) -> None:

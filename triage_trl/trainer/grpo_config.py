@@ -81,6 +81,16 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             "a run over several nodes adds a `node<i>` subfolder per node."
         },
     )
+    triage_fuse_rollout_logps: bool = field(
+        default=True,
+        metadata={
+            "help": "Skip TRL's rollout-time learner forward when TRIAGE's weights replace TRL's ratio and every "
+            "optimizer step trains on completions of its own weights (`gradient_accumulation_steps` a multiple of "
+            "`steps_per_generation * num_iterations`): the learner log-probs TRIAGE compares with the sampler's are "
+            "then the loss forward's own, detached (the same weights and micro-batch: one forward fewer per step). "
+            "`false`: TRL's separate forward at generation (the batch then carries `old_per_token_logps`)."
+        },
+    )
     # Overrides TRL's field (default False): TRIAGE needs the sampler's log-probs, so TRL's quickstart call works.
     use_vllm: bool | None = field(
         default=None,
@@ -131,6 +141,15 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
     def triage_replaces_trl_ratio(self) -> bool:
         """Whether TRIAGE's weights take the place of TRL's importance-sampling ratio in the loss."""
         return self.triage_mode != "off" and not self.vllm_importance_sampling_correction
+
+    @property
+    def fuses_rollout_logps(self) -> bool:
+        """Whether the trainer skips TRL's rollout-time learner forward (:attr:`triage_fuse_rollout_logps`): TRIAGE's
+        weights replace TRL's ratio and the batches are on-policy (TRL's own test for needing old log-probs:
+        ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``)."""
+        generate_every = (self.steps_per_generation or self.gradient_accumulation_steps) * self.num_iterations
+        return (self.triage_fuse_rollout_logps and self.use_vllm and self.triage_replaces_trl_ratio
+                and self.gradient_accumulation_steps % generate_every == 0)
 
     @property
     def resolved_sync_probe_max_gap(self) -> float:

@@ -5,12 +5,15 @@ How the objective reaches the loss, without a copy of TRL's loss code: TRL 1.16 
 policy-gradient loss by ``inputs["importance_sampling_ratio"]`` before its aggregation whenever its importance-sampling
 hook is on, and then also computes the rollout-time learner log-probs ``old_per_token_logps``. The hook's switch comes
 from one place, :attr:`TriageGRPOConfig.uses_trl_is_hook`; the public ``compute_loss`` puts TRIAGE's detached weights
-under that key (replacing TRL's own ratio unless diagnose mode keeps it) and calls TRL's. TRL's clipping, KL, entropy
+under that key (replacing TRL's own ratio unless diagnose mode keeps it) and calls TRL's. On-policy, the rollout-time
+forward is skipped and TRIAGE takes the loss forward's own detached log-probs
+(:attr:`TriageGRPOConfig.fuses_rollout_logps`). TRL's clipping, KL, entropy
 terms and metrics are unchanged. Every TRL name this module relies on is listed in ``tests/test_trl_contract.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -301,7 +304,16 @@ class TriageGRPOTrainer(GRPOTrainer):
         return summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        if self.args.fuses_rollout_logps:
+            # TRL skips its rollout-time learner forward (and its ratio); compute_loss takes the loss forward's
+            # log-probs instead (TriageGRPOConfig.fuses_rollout_logps).
+            self.vllm_importance_sampling_correction = False
+            try:
+                output = super()._generate_and_score_completions(inputs)
+            finally:
+                self.vllm_importance_sampling_correction = self.args.uses_trl_is_hook
+        else:
+            output = super()._generate_and_score_completions(inputs)
         if self.use_vllm and self._synced_step != self.state.global_step:
             raise StaleSamplerError(
                 f"The sampler generated this batch at step {self.state.global_step} without a weight sync since step "
@@ -321,13 +333,65 @@ class TriageGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's GRPO loss with TRIAGE's detached (B, T) weights in the place of TRL's importance-sampling ratio
+        (``inputs["importance_sampling_ratio"]``, which TRL's ``_compute_loss`` multiplies into the per-token loss),
+        or, in diagnose mode with TRL's correction on, TRL's own ratio (TRIAGE only measures). Replaces nothing else:
+        TRL's clipping, KL, entropy terms, aggregation and metrics run unchanged.
+
+        The learner log-probs TRIAGE compares with the sampler's are TRL's rollout-time ones
+        (``old_per_token_logps``), or, when the batch has none because the trainer skipped that forward
+        (``TriageGRPOConfig.fuses_rollout_logps``), the loss forward's own, detached, taken before the loss reads
+        the weights.
+
+        Raises:
+            ValueError: TRIAGE is on and the batch has no sampler log-probs.
+        """
         inputs = dict(inputs)
         zero_signal = inputs.pop(ZERO_SIGNAL_KEY, None)
+        if self.triage_mode != "off" and "old_per_token_logps" not in inputs and self.args.fuses_rollout_logps:
+            with self._weights_from_loss_forward(inputs, zero_signal):
+                return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                            num_items_in_batch=num_items_in_batch)
         if self.triage_mode != "off":
             weights = self._triage_weights(inputs, zero_signal)
             if self.args.triage_replaces_trl_ratio:
                 inputs["importance_sampling_ratio"] = weights
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    @contextlib.contextmanager
+    def _weights_from_loss_forward(self, inputs: dict[str, Any], zero_signal: torch.Tensor | None):
+        """Inside the block, the first learner forward of TRL's ``_compute_loss`` (its policy log-probs) also puts
+        TRIAGE's weights from its detached log-probs under ``inputs["importance_sampling_ratio"]`` (read by TRL after
+        that forward) and logs TRL's ``sampling/sampling_logp_difference`` metrics, which the skipped rollout-time
+        forward would have logged."""
+        forward = self._get_per_token_logps_and_entropies
+
+        def forward_then_weights(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            if "importance_sampling_ratio" not in inputs:
+                learner = out[0].detach()
+                inputs["importance_sampling_ratio"] = self._triage_weights(
+                    {**inputs, "old_per_token_logps": learner}, zero_signal)
+                self._log_sampling_difference(learner, inputs)
+            return out
+
+        self._get_per_token_logps_and_entropies = forward_then_weights
+        try:
+            yield
+        finally:
+            del self._get_per_token_logps_and_entropies  # the class's method again
+
+    def _log_sampling_difference(self, learner: torch.Tensor, inputs: dict[str, Any]) -> None:
+        """TRL's ``sampling/sampling_logp_difference/{mean,max}`` (|learner - sampler| log-prob over valid tokens,
+        nats; gathered over processes) for a batch whose learner log-probs came from the loss forward."""
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        delta = torch.abs(learner - inputs["sampling_per_token_logps"])
+        delta = delta[mask.bool() & ~torch.isnan(delta)]
+        zero = torch.tensor(0.0, device=learner.device)
+        mean, high = (delta.mean(), delta.max()) if delta.numel() else (zero, zero)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["sampling/sampling_logp_difference/mean"].append(self.accelerator.gather(mean).mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(self.accelerator.gather(high).max().item())
 
     def _triage_weights(self, inputs: dict[str, Any], zero_signal: torch.Tensor | None) -> torch.Tensor:
         """TRIAGE's (B, T) detached weights for this micro-batch; records the triage/ metrics.

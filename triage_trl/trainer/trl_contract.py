@@ -48,7 +48,8 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
                  '"sampling_per_token_logps"', '"advantages"', '"completion_ids"', '"completion_mask"',
                  "process_slice")),
     Requirement("trl:GRPOTrainer._get_per_token_logps_and_entropies",
-                "the sync probe scores the probe sequence with TRL's own learner log-prob path"),
+                "the sync probe scores the probe sequence with TRL's own learner log-prob path; compute_loss wraps it "
+                "to take TRIAGE's learner log-probs from the loss forward when the rollout-time forward is skipped"),
     Requirement("trl:GRPOTrainer.compute_loss", "TriageGRPOTrainer.compute_loss adds TRIAGE's weights, then calls it",
                 ("self._compute_loss(model, inputs)",)),
     Requirement("trl:GRPOTrainer._compute_loss",
