@@ -87,13 +87,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--task", default="demo", choices=["demo", "chain_lines"])
     parser.add_argument("--temperature", type=float, default=TEMPERATURE)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--terms", type=int, default=None, help="terms per item (default: the task's)")
+    parser.add_argument("--max-digits", type=int, default=None, help="largest operand digits (default: the task's)")
     args = parser.parse_args(argv)
     args.examples = args.examples or (["lines"] if args.task == "chain_lines" else ["positive", "negative", "none"])
 
     from vllm import LLM
 
     from triage_trl.data import HELD_OUT_SEED, reasoning_gym_dataset
-    from triage_trl.data.reasoning_gym import CHAIN_LINES_TASK
+    from triage_trl.data.reasoning_gym import CHAIN_LINES_TASK, DEFAULT_TASK
     from triage_trl.models import SMOLLM2, resolve_model_path
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.sampler.vllm_engine import sampler_dtype
@@ -103,7 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
         # the dtype the project's sampler computes in here (float32 on CPUs without bf16 instructions)
         llm = LLM(model=resolve_model_path(SMOLLM2), dtype=sampler_dtype(), max_model_len=512, seed=0)
         for name in args.examples:
-            task = CHAIN_LINES_TASK if args.task == "chain_lines" else None
+            task = dict(CHAIN_LINES_TASK if args.task == "chain_lines" else DEFAULT_TASK)
+            if args.terms:
+                task.update(min_terms=args.terms, max_terms=args.terms)
+            if args.max_digits:
+                task.update(max_digits=args.max_digits)
             dataset = reasoning_gym_dataset(task, size=args.items, seed=HELD_OUT_SEED, example=_examples()[name])
             results[name] = measure(llm, dataset, args.samples, args.temperature, args.max_tokens)
     k = args.samples

@@ -37,10 +37,15 @@ RG_ARITHMETIC_EXAMPLE = (
 )
 
 
+TWO_DIGIT_TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+"""The stability lab's ``collapse`` task (E2 in ``docs/stability.md``): sums/differences of two numbers of 1-2
+digits with the demo's one-shot turn. Its item space (about 20,000 items) leaves a held-out slice disjoint from every
+training set; at temperature 1 SmolLM2-135M-Instruct's samples are right sometimes but not always on 48% of the
+items (``benchmarks/bench_task_headroom.py --max-digits 2 --temperature 1.0``)."""
 CHAIN_LINES_TASK = {"name": "chain_sum", "min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
-"""The stability lab's multi-line task (``collapse`` scale, E2 in ``docs/stability.md``): sums/differences of 4-5
-1-digit numbers, worked one partial sum per line (:data:`CHAIN_LINES_EXAMPLE`), so a completion has 4-6 lines and
-TRIAGE's newline segments are not the whole completion."""
+"""A multi-line task: sums/differences of 3 numbers of 1 digit worked one partial sum per line
+(:data:`CHAIN_LINES_EXAMPLE`). Too hard for SmolLM2-135M at temperature 1 (pass@8 7.8% of the items, 1.6 lines per
+completion: ``docs/stability.md``, "E2"); kept for larger models (``--task chain_lines``)."""
 CHAIN_LINES_EXAMPLE = (
     "State the final answer to the following arithmetic problem: 7 - 9 + 4 =",
     "7 - 9 = -2\n-2 + 4 = 2\nThe final answer is \\boxed{2}.",

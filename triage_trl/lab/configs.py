@@ -165,13 +165,13 @@ SCALES: dict[str, dict] = {
     ),
     # E2, the collapse hunt (docs/stability.md, "E2"): the conditions of the published mismatch collapses at CPU
     # size. Full fine-tuning of SmolLM2-135M, temperature 1, no KL anchor (beta 0), 2 policy updates per rollout
-    # (num_iterations 2: 100 optimizer steps = 50 rollouts of 2 prompts x 8), the multi-line task (4-5 terms worked
-    # one partial sum per line, 96 tokens: several newline segments per completion), held-out slice of 256 items
-    # with none among the training items, greedy and avg@8 at the training temperature at step 0 and at the end.
-    # The learning rate is the ladder's (docs/stability.md): the largest at which bf16 stays stable.
+    # (num_iterations 2: 100 optimizer steps = 50 rollouts of 2 prompts x 8), 1-2 digit sums (2-line completions:
+    # SmolLM2 does not write longer work at T = 1, measured), a held-out slice of 256 items with none among the
+    # training items, greedy and avg@8 at the training temperature at step 0 and at the end, the fixed probe every
+    # 5 steps. The learning rate is the ladder's (docs/stability.md): the largest at which bf16 stays stable.
     "collapse": dict(
-        model=None, task="chain_lines", data_path=None, max_steps=100, prompts_per_step=2, num_generations=8,
-        max_completion_length=96, temperature=1.0, learning_rate=1e-5, lora_rank=0, train_size=512, eval_size=256,
+        model=None, task="chain_sum_2d", data_path=None, max_steps=100, prompts_per_step=2, num_generations=8,
+        max_completion_length=64, temperature=1.0, learning_rate=1e-5, lora_rank=0, train_size=512, eval_size=256,
         eval_every=100, eval_samples=8, num_iterations=2, probe_every=5,
         seeds=[0], configs=["bf16", "bf16_learner_nvfp4_sampler", "nvfp4_naive", "nvfp4_tis", "nvfp4_opsm", "triage"],
         doses=["stress"], ablation_dose="stress", trainer_overrides={"beta": 0.0, "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1},
@@ -316,8 +316,8 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
 
 _FLAGS = [  # (flag, settings key, type, help)
     ("--model", "model", str, "local model folder or Hub id ('tiny-qwen3': a tiny random Qwen3; default: the scale's)"),
-    ("--task", "task", str, "reasoning_gym (embedded, no network), chain_lines (embedded, 4-5 terms worked one "
-     "partial sum per line) or gsm8k"),
+    ("--task", "task", str, "reasoning_gym (embedded, no network), chain_sum_2d (embedded, 1-2 digit terms), "
+     "chain_lines (embedded, 3 terms worked one partial sum per line) or gsm8k"),
     ("--data-path", "data_path", str, "gsm8k: a jsonl file/folder or Hub id"),
     ("--steps", "max_steps", int, "optimizer steps per run"),
     ("--prompts-per-step", "prompts_per_step", int, "prompts per optimizer step"),

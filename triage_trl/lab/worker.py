@@ -61,8 +61,8 @@ def _append_jsonl(path: str, record: dict) -> None:
 def load_datasets(settings: dict, seed: int, calibration_size: int):
     """``(train, held_out, calibration)`` for the run's task.
 
-    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` (``chain_lines``: the multi-line
-    ``CHAIN_LINES_TASK`` of :mod:`triage_trl.data.reasoning_gym`) with seed ``TRAIN_SEED + seed``; the held-out
+    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` (``chain_sum_2d``, ``chain_lines``: the
+    :data:`LARGE_TASKS`, with a held-out slice disjoint from training) with seed ``TRAIN_SEED + seed``; the held-out
     slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
     and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
     NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
@@ -73,15 +73,15 @@ def load_datasets(settings: dict, seed: int, calibration_size: int):
     """
     from ..data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
 
-    if settings["task"] in ("reasoning_gym", "chain_lines"):
-        from ..data.reasoning_gym import CHAIN_LINES_EXAMPLE, CHAIN_LINES_TASK, RG_ARITHMETIC_EXAMPLE
+    if settings["task"] in ("reasoning_gym", *LARGE_TASKS):
+        from ..data.reasoning_gym import RG_ARITHMETIC_EXAMPLE
 
-        lines = settings["task"] == "chain_lines"
-        task, example = (CHAIN_LINES_TASK, CHAIN_LINES_EXAMPLE) if lines else (None, RG_ARITHMETIC_EXAMPLE)
+        large = settings["task"] in LARGE_TASKS
+        task, example = _large_task(settings["task"]) if large else (None, RG_ARITHMETIC_EXAMPLE)
         train = reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + seed, example=example)
-        held_out = reasoning_gym_dataset(task, size=settings["eval_size"] * (2 if lines else 1), seed=HELD_OUT_SEED,
+        held_out = reasoning_gym_dataset(task, size=settings["eval_size"] * (2 if large else 1), seed=HELD_OUT_SEED,
                                          example=example)
-        if lines:  # a large item space: the held-out slice keeps only items no training seed of the lab draws
+        if large:  # the held-out slice keeps only items no training seed of the lab draws
             held_out = disjoint_held_out(held_out, settings, task, example, settings["eval_size"])
         return (train, held_out,
                 reasoning_gym_dataset(task, size=calibration_size, seed=CALIBRATION_SEED, example=example))
@@ -90,8 +90,20 @@ def load_datasets(settings: dict, seed: int, calibration_size: int):
         return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
                 gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
                 gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
-    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym', 'chain_lines' or "
-                     "'gsm8k'.")
+    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym', 'chain_sum_2d', "
+                     "'chain_lines' or 'gsm8k'.")
+
+
+LARGE_TASKS = ("chain_sum_2d", "chain_lines")
+"""Lab tasks with a large item space (``triage_trl.data.reasoning_gym``: ``TWO_DIGIT_TASK``, ``CHAIN_LINES_TASK``):
+their held-out slice is disjoint from the training items (:func:`disjoint_held_out`)."""
+
+
+def _large_task(name: str) -> tuple[dict, tuple[str, str]]:
+    from ..data.reasoning_gym import CHAIN_LINES_EXAMPLE, CHAIN_LINES_TASK, RG_ARITHMETIC_EXAMPLE, TWO_DIGIT_TASK
+
+    return {"chain_sum_2d": (TWO_DIGIT_TASK, RG_ARITHMETIC_EXAMPLE),
+            "chain_lines": (CHAIN_LINES_TASK, CHAIN_LINES_EXAMPLE)}[name]
 
 
 LAB_SEEDS_CHECKED = 8
