@@ -409,6 +409,17 @@ def test_fused_rollout_logps_give_the_loss_grads_and_metrics_of_trls_separate_fo
         assert fused_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
     assert trainer._metrics["train"]["sampling/sampling_logp_difference/mean"][-1] > 0.0  # TRL's metric kept
     assert "_get_per_token_logps_and_entropies" not in trainer.__dict__  # the class's method again
+    calls = []
+    own = trainer._get_per_token_logps_and_entropies
+
+    def counted(*args, **kwargs):  # an instance wrapper (as benchmarks/bench_step.py's) survives the fused loss
+        calls.append(1)
+        return own(*args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    again, _ = _loss_and_grads(trainer, fused_inputs)
+    torch.testing.assert_close(again, separate)
+    assert calls == [1] and trainer.__dict__["_get_per_token_logps_and_entropies"] is counted
     # off-policy batches (2 updates per rollout) and the switch keep TRL's separate forward
     assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, num_iterations=2).fuses_rollout_logps
     assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, triage_fuse_rollout_logps=False).fuses_rollout_logps

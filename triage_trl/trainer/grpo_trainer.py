@@ -375,11 +375,15 @@ class TriageGRPOTrainer(GRPOTrainer):
                 self._log_sampling_difference(learner, inputs)
             return out
 
+        own = self.__dict__.get("_get_per_token_logps_and_entropies")  # an instance wrapper (a profiler's) stays
         self._get_per_token_logps_and_entropies = forward_then_weights
         try:
             yield
         finally:
-            del self._get_per_token_logps_and_entropies  # the class's method again
+            if own is None:
+                del self._get_per_token_logps_and_entropies  # the class's method again
+            else:
+                self._get_per_token_logps_and_entropies = own
 
     def _log_sampling_difference(self, learner: torch.Tensor, inputs: dict[str, Any]) -> None:
         """TRL's ``sampling/sampling_logp_difference/{mean,max}`` (|learner - sampler| log-prob over valid tokens,
