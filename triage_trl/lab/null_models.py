@@ -38,6 +38,16 @@ def na_share(gap: torch.Tensor, advantages: torch.Tensor, tail: torch.Tensor) ->
     return n_na / (n_na + n_pa) if n_na + n_pa else math.nan
 
 
+def _gap_and_tail(learner, sampler, mask, tail_quantile: float, tail_min_gap: float):
+    """TRIAGE's measured gap and tail (``docs/objective.md``, steps 1 and 3) of a batch."""
+    valid = mask.bool() if mask.dtype != torch.bool else mask
+    gap = measure_gap(learner.detach().float(), sampler.detach().float(), valid)
+    measured_f = gap.measured.float()
+    n = int(torch.count_nonzero(gap.measured))
+    tau = tail_threshold(gap.abs_gap * measured_f, n, tail_quantile, tail_min_gap)
+    return gap, tail_tokens(gap.abs_gap * measured_f, tau, measured_f)
+
+
 def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   group_size: int, *, tail_quantile: float = 0.98, tail_min_gap: float = 0.05, n_perm: int = 1000,
                   seed: int = 0) -> dict:
@@ -63,12 +73,7 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
     if advantages.shape != (B,) or group_size < 1 or B % group_size:
         raise ValueError(f"advantages must be (B,) = ({B},) and B a multiple of group_size={group_size}; got "
                          f"{tuple(advantages.shape)}: pass one advantage per completion, in whole groups.")
-    valid = mask.bool() if mask.dtype != torch.bool else mask
-    gap = measure_gap(learner.detach().float(), sampler.detach().float(), valid)
-    measured_f = gap.measured.float()
-    n = int(torch.count_nonzero(gap.measured))
-    tau = tail_threshold(gap.abs_gap * measured_f, n, tail_quantile, tail_min_gap)
-    tail = tail_tokens(gap.abs_gap * measured_f, tau, measured_f)
+    gap, tail = _gap_and_tail(learner, sampler, mask, tail_quantile, tail_min_gap)
     adv = advantages.detach().float()
     observed = na_share(gap.gap, adv[:, None], tail)
     generator = torch.Generator().manual_seed(seed)
@@ -97,12 +102,7 @@ def segment_tail_counts(learner: torch.Tensor, sampler: torch.Tensor, advantages
     Returns:
         ``(lengths, counts)``: one entry per segment holding at least one diagnosed token.
     """
-    valid = mask.bool() if mask.dtype != torch.bool else mask
-    gap = measure_gap(learner.detach().float(), sampler.detach().float(), valid)
-    measured_f = gap.measured.float()
-    n = int(torch.count_nonzero(gap.measured))
-    tau = tail_threshold(gap.abs_gap * measured_f, n, tail_quantile, tail_min_gap)
-    tail = tail_tokens(gap.abs_gap * measured_f, tau, measured_f)
+    gap, tail = _gap_and_tail(learner, sampler, mask, tail_quantile, tail_min_gap)
     adv = advantages.detach().float()[:, None].expand_as(gap.gap)
     quadrants = direction_quadrants(gap.gap, adv, 1)
     diagnosed = gap.measured & (adv != 0)
