@@ -24,7 +24,7 @@ from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
 from ..run_folder import refuse_existing_run
 from ..runtime import check_learner_dtype, compute_dtype_reason
-from ..segments import build_newline_table, segment_ids
+from ..objective.segments import build_newline_table, segment_ids
 from .checkpoints import atomic_checkpoint, remove_partials, resolve_resume
 from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
