@@ -30,6 +30,9 @@ __version__ = "0.2.0.dev0"
 
 # Old module path -> new module path (see CHANGELOG.md). Old paths import lazily, like the new ones.
 MOVED = {
+    "triage_trl.answer_latex": "triage_trl.answers.latex",
+    "triage_trl.answer_worker": "triage_trl.answers.worker",
+    "triage_trl.rewards": "triage_trl.answers.rewards",
     "triage_trl.segments": "triage_trl.objective.segments",
     "triage_trl.triage_config": "triage_trl.objective.config",
 }

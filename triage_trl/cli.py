@@ -167,7 +167,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
     Raises:
         ValueError: a name is neither in the registry nor an importable ``module.function`` path.
     """
-    from .rewards import REWARD_FUNCS
+    from .answers.rewards import REWARD_FUNCS
 
     funcs = []
     for name in names:

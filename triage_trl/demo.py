@@ -62,7 +62,7 @@ def demo_rewards() -> list:
     :data:`REWARD_WEIGHTS`. Without the second, GRPO on SmolLM2-135M grows text after the answer until completions
     reach the length limit (measured: mean completion length 20 -> 31 tokens in 8 steps, and the learner-sampler k3
     rose to 1.2 nats/token on that text); with it they stayed at 21-23 tokens."""
-    from .rewards import answer_then_stop_reward, verified_answer_reward
+    from .answers.rewards import answer_then_stop_reward, verified_answer_reward
 
     return [verified_answer_reward, answer_then_stop_reward]
 

@@ -26,7 +26,7 @@ import warnings
 
 import re
 
-from .answers import KINDS, boxed_span, extract_boxed, verify
+from .check import KINDS, boxed_span, extract_boxed, verify
 
 REASONING_GYM_KIND = "reasoning_gym"
 

@@ -1,0 +1,43 @@
+"""Answer checking: final-answer extraction and verification (math-verify), and the rewards built on it.
+
+- ``check.py``: extraction and verification of a completion's final answer against a reference, by kind
+  (``KINDS``); :func:`check_answer` / :func:`verify` end within their time limit in any thread.
+- ``latex.py``: the LaTeX rewrites applied before math-verify parses an answer or a reference.
+- ``worker.py``: the helper processes that run :func:`check_in_process` within a wall-clock limit.
+- ``rewards.py``: TRL reward functions on these checks (``REWARD_FUNCS``; also importable as
+  ``triage_trl.rewards``).
+
+This package imports neither torch nor math-verify until a check runs (the helper process imports it alone).
+"""
+
+from .check import (
+    KINDS,
+    AnswerCheck,
+    boxed_span,
+    check_answer,
+    check_in_process,
+    extract_answer,
+    extract_boxed,
+    gsm8k_reference,
+    normalize_answer_latex,
+    olympiad_reference,
+    parse_prediction,
+    parse_reference,
+    verify,
+)
+
+__all__ = [
+    "KINDS",
+    "AnswerCheck",
+    "boxed_span",
+    "check_answer",
+    "check_in_process",
+    "extract_answer",
+    "extract_boxed",
+    "gsm8k_reference",
+    "normalize_answer_latex",
+    "olympiad_reference",
+    "parse_prediction",
+    "parse_reference",
+    "verify",
+]
