@@ -32,8 +32,10 @@ __version__ = "0.2.0.dev0"
 MOVED = {
     "triage_trl.answer_latex": "triage_trl.answers.latex",
     "triage_trl.answer_worker": "triage_trl.answers.worker",
+    "triage_trl.model_blocks": "triage_trl.models.blocks",
     "triage_trl.rewards": "triage_trl.answers.rewards",
     "triage_trl.segments": "triage_trl.objective.segments",
+    "triage_trl.testing": "triage_trl.models.tiny",
     "triage_trl.triage_config": "triage_trl.objective.config",
 }
 

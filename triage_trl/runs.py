@@ -15,39 +15,8 @@ from collections.abc import Callable
 
 from transformers import TrainerCallback
 
+from .models.resolve import TINY_MODEL, resolve_model  # noqa: F401  (the documented path of both)
 from .run_logs import LOG_HISTORY
-
-TINY_MODEL = "tiny-qwen3"
-"""``model_name_or_path`` value that builds a tiny random Qwen3 offline (``triage_trl.testing.save_tiny_qwen3``)."""
-
-
-def resolve_model(name: str | None, work_dir: str) -> str:
-    """The model folder or Hub id to train.
-
-    ``None`` or ``smollm2-135m-instruct`` is the embedded default (converted once into the model cache,
-    ``triage_trl.models``); ``tiny-qwen3`` is built offline into ``work_dir/tiny-qwen3``; a Hub id passes through.
-
-    Raises:
-        FileNotFoundError: ``name`` looks like a local path (starts with ``.``, ``/`` or ``~``) that does not exist.
-    """
-    from .models import SMOLLM2, resolve_model_path
-
-    if name is None or name == SMOLLM2:
-        return resolve_model_path(SMOLLM2)
-    if name == TINY_MODEL:
-        from .testing import save_tiny_qwen3
-
-        path = os.path.join(work_dir, TINY_MODEL)
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            save_tiny_qwen3(path)
-        return path
-    if name.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(name)):
-        raise FileNotFoundError(
-            f"Model folder {name} does not exist: give a local folder with config.json, a Hub id, "
-            f"`{SMOLLM2}` (the embedded default) or `{TINY_MODEL}` (a tiny offline model)."
-        )
-    return os.path.expanduser(name)
-
 
 class LogHistoryWriter(TrainerCallback):
     """Append every log record to ``run_dir/log_history.jsonl`` as it is logged."""

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model_blocks import export_units, fsdp_owners, materialized
+from ..models.blocks import export_units, fsdp_owners, materialized
 from ..progress import progress
 from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .experts_export import iter_expert_checkpoint_tensors
@@ -61,7 +61,7 @@ def iter_checkpoint_weights(
     input_global_scales: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checkpoint-format ``(name, tensor)`` pairs of ``model``, one export unit made whole at a time
-    (``triage_trl.model_blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
+    (``triage_trl.models.blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
 
     Feed them, all in one call, to vLLM's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` or to a
     checkpoint writer. Names are Hugging Face checkpoint names (PEFT prefixes and ``base_layer`` removed; active LoRA

@@ -44,7 +44,7 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
-from ..model_blocks import parameters_materialized
+from ..models.blocks import parameters_materialized
 from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
 from .vllm_engine import sampler_dtype, sampler_tensors, start_engine, write_engine_checkpoint
