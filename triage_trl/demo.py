@@ -164,7 +164,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 
 def _move_earlier_run_aside(output_dir: str) -> str | None:
     """Rename a folder holding an earlier run to the first free ``<output_dir>.previous-<N>``; returns its new name."""
-    from .run_folder import existing_run
+    from .runtime.run_folder import existing_run
 
     if not existing_run(output_dir):
         return None

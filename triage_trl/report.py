@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .run_logs import log_series, read_log_history
+from .runtime.run_logs import log_series, read_log_history
 
 # name -> (title, y label, [(log key, legend label)])
 FIGURES = {

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from transformers import TrainerCallback
 
 from .models.resolve import TINY_MODEL, resolve_model  # noqa: F401  (the documented path of both)
-from .run_logs import LOG_HISTORY
+from .runtime.run_logs import LOG_HISTORY
 
 class LogHistoryWriter(TrainerCallback):
     """Append every log record to ``run_dir/log_history.jsonl`` as it is logged."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..answers import check_answer
 from ..models import resolve_model
-from ..preflight import check_model_source
+from ..runtime.preflight import check_model_source
 from ..runtime import vllm_process_settings
 from .benchmarks import BENCHMARKS, Problem, load_benchmark
 from .metrics import summarize

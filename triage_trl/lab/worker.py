@@ -27,7 +27,7 @@ import shutil
 import time
 import traceback
 
-from ..run_logs import LOG_HISTORY, read_log_history
+from ..runtime.run_logs import LOG_HISTORY, read_log_history
 from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
 from ..runtime import vllm_process_settings
 from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..models.blocks import export_units, fsdp_owners, materialized
-from ..progress import progress
+from ..runtime.progress import progress
 from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .experts_export import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight

@@ -26,7 +26,7 @@ import logging
 import torch
 from torch import nn
 
-from ..progress import progress
+from ..runtime.progress import progress
 from .config import NVFP4Config
 from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
 from .experts import NVFP4EmulatedExperts, iter_moe_experts, native_nvfp4_experts_available

@@ -22,7 +22,7 @@ from trl import GRPOTrainer
 
 from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
-from ..run_folder import refuse_existing_run
+from ..runtime.run_folder import refuse_existing_run
 from ..runtime import check_learner_dtype, compute_dtype_reason
 from ..objective.segments import build_newline_table, segment_ids
 from .checkpoints import atomic_checkpoint, remove_partials, resolve_resume
@@ -70,8 +70,8 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     Raises:
         ValueError: ``calibration_dataset`` has no row or no ``prompt`` column.
-        triage_trl.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run holds.
-        triage_trl.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
+        triage_trl.runtime.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run holds.
+        triage_trl.runtime.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
         NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
             log-probs TRIAGE needs on every path).
@@ -375,7 +375,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         ``True``, a run folder or a ``checkpoint-N`` path; incomplete ones are skipped with a warning).
 
         Raises:
-            triage_trl.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run before this
+            triage_trl.runtime.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run before this
                 trainer was built.
             ValueError: ``resume_from_checkpoint`` set but no complete checkpoint found.
         """
