@@ -1,4 +1,5 @@
-"""Prompts checked before any model loads (``triage_trl.runtime.preflight.check_prompts``): empty, not text, or too long for
+"""Prompts checked before any model loads (``triage_trl.runtime.preflight.check_prompts``): empty, not text, or too
+long for
 the context, each refused in one line naming the data set, the row and the fix (status 2 on the command line)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The output folder of a run (``triage_trl.runtime.run_folder``): read-only and full folders refused before the model loads,
-one live run per folder (a lock), and no new run into a folder that holds one unless it resumes."""
+"""The output folder of a run (``triage_trl.runtime.run_folder``): read-only and full folders refused before the model
+loads, one live run per folder (a lock), and no new run into a folder that holds one unless it resumes."""
 
 from __future__ import annotations
 

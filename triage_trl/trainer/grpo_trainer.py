@@ -70,7 +70,8 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     Raises:
         ValueError: ``calibration_dataset`` has no row or no ``prompt`` column.
-        triage_trl.runtime.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run holds.
+        triage_trl.runtime.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run
+            holds.
         triage_trl.runtime.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
         NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
@@ -375,8 +376,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         ``True``, a run folder or a ``checkpoint-N`` path; incomplete ones are skipped with a warning).
 
         Raises:
-            triage_trl.runtime.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run before this
-                trainer was built.
+            triage_trl.runtime.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run
+                before this trainer was built.
             ValueError: ``resume_from_checkpoint`` set but no complete checkpoint found.
         """
         resume = resolve_resume(resume_from_checkpoint, self.args.output_dir)

@@ -1,8 +1,9 @@
 """What ``TriageGRPOTrainer`` checks before TRL loads the model: the output folder and the prompts.
 
-* the output folder can be written and has room for one checkpoint (``triage_trl.runtime.run_folder.check_output_dir``);
-* the main process takes the folder's run lock (``triage_trl.runtime.run_folder.RunLock``), so a second live run on the same
-  ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
+* the output folder can be written and has room for one checkpoint
+  (``triage_trl.runtime.run_folder.check_output_dir``);
+* the main process takes the folder's run lock (``triage_trl.runtime.run_folder.RunLock``), so a second live run on
+  the same ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
 * every prompt of ``train_dataset``/``eval_dataset`` and of the calibration prompts is non-empty text (or chat
   messages) and fits the sampler's context (``triage_trl.runtime.preflight.check_prompts``).
 
