@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     results_json = os.path.join(args.output_dir, "results.json")
     print(f"results: {results_json}")
     if args.to_card is not None:
-        from ..trainer.model_card import add_eval_results_to_card
+        from .card import add_eval_results_to_card
 
         add_eval_results_to_card(args.to_card, results_json)
         print(f"card: {os.path.join(args.to_card, 'README.md')} (model-index and Evaluation table)")
