@@ -10,13 +10,15 @@ Python API (notebooks)::
 Command line: ``triage-eval --model PATH --benchmarks gsm8k,math500 --data-dir ../shared/data`` (see ``cli.py``).
 """
 
-from .benchmarks import BENCHMARKS, HUB_SOURCES, Problem, load_benchmark
+from .benchmarks import BENCHMARK_RECORDS, BENCHMARKS, HUB_SOURCES, Benchmark, Problem, load_benchmark
 from .metrics import default_ks, pass_at_k, summarize
 from .runner import BenchmarkResult, EvalConfig, EvalResults, evaluate, score_completions
 
 __all__ = [
     "BENCHMARKS",
+    "BENCHMARK_RECORDS",
     "HUB_SOURCES",
+    "Benchmark",
     "BenchmarkResult",
     "EvalConfig",
     "EvalResults",

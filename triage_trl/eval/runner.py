@@ -28,7 +28,7 @@ from ..answers import check_answer
 from ..models import resolve_model
 from ..runtime.preflight import check_model_source
 from ..runtime import vllm_process_settings
-from .benchmarks import BENCHMARKS, Problem, load_benchmark
+from .benchmarks import BENCHMARK_RECORDS, Problem, load_benchmark
 from .metrics import summarize
 from .prompting import build_messages, render_prompt
 
@@ -156,8 +156,8 @@ def _read_records(path: Path) -> dict[str, dict]:
 
 def _check_settings(names: list[str], *, n: int, temperature: float, backend: str, precision: str) -> None:
     for b in names:
-        if b not in BENCHMARKS:
-            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARKS)}")
+        if b not in BENCHMARK_RECORDS:
+            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARK_RECORDS)}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if temperature < 0:
