@@ -28,7 +28,9 @@ import time
 import traceback
 
 from ..runtime.run_logs import LOG_HISTORY, read_log_history
-from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
+from ..runs import (HeldOutEvaluator, LogHistoryWriter, build_recipe_trainer, finish_run, resolve_model,
+                    train_with_held_out)
+from ..runs import recipe_datasets as load_datasets  # noqa: F401  (the lab's name for the recipe's data sets)
 from ..runtime import vllm_process_settings
 from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
                       run_label, sibling_run_path)
@@ -41,32 +43,6 @@ HELD_OUT = "held_out.jsonl"
 def _append_jsonl(path: str, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=float) + "\n")
-
-
-def load_datasets(settings: dict, seed: int, calibration_size: int):
-    """``(train, held_out, calibration)`` for the run's task.
-
-    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` with seed ``TRAIN_SEED + seed``; the held-out
-    slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
-    and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
-    NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
-    (the first items of seed 0's training set), so every seed's sampler gets the same activation scales.
-
-    Raises:
-        ValueError: another task.
-    """
-    from ..data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
-
-    if settings["task"] == "reasoning_gym":
-        return (reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed),
-                reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED),
-                reasoning_gym_dataset(size=calibration_size, seed=CALIBRATION_SEED))
-    if settings["task"] == "gsm8k":
-        source = settings.get("data_path") or "openai/gsm8k"
-        return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
-                gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
-                gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
-    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym' or 'gsm8k'.")
 
 
 def learning_rate_scale(run_dir: str, reference: str, seed: int, dose: str | None) -> float:
@@ -114,9 +90,6 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
 
     try:
-        from ..demo import demo_rewards, lora_config
-        from ..trainer import TriageGRPOTrainer
-
         with vllm_process_settings():
             model_path = resolve_model(settings.get("model"), run_dir)
             summary["model"] = model_path
@@ -126,11 +99,8 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
                 summary["learning_rate_scale"] = {"from": run_label(config.learning_rate_from, dose), "scale": scale}
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose,
                                         learning_rate_scale=scale)
-            train, held_out, calibration = load_datasets(settings, seed, args.nvfp4_calibration_prompts)
-            trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
-                                        train_dataset=train, calibration_dataset=calibration,
-                                        callbacks=[LogHistoryWriter(run_dir)],
-                                        peft_config=lora_config(settings.get("lora_rank") or 0))
+            trainer, _, held_out = build_recipe_trainer(model_path, args, settings, seed,
+                                                        callbacks=[LogHistoryWriter(run_dir)])
             timings["startup_seconds"] = time.perf_counter() - start
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
                                          on_result=record)
