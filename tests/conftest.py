@@ -105,7 +105,7 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+    from triage_trl.nvfp4.checkpoint_tensors import calibrate_input_global_scales, save_nvfp4_checkpoint
     from triage_trl.sampler.vllm_engine import start_engine
     from triage_trl.testing import save_tiny_qwen3
 
@@ -152,7 +152,7 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             from triage_trl.runtime import engine_dtype
-            from triage_trl.sampler.engine import TriageVLLMGeneration
+            from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
             from triage_trl.testing import save_tiny_qwen3
 
             root = tmp_path_factory.mktemp(f"sampler-{precision}{'-tied' if tied else ''}")

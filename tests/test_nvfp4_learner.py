@@ -297,7 +297,7 @@ def test_bf16_gemm_equals_bf16_matmul_of_dequantised_operands():
 
 
 def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_model_dir):
-    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
+    from triage_trl.nvfp4.checkpoint_tensors import iter_nvfp4_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
     from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 

@@ -90,7 +90,7 @@ class NVFP4EmulatedLinear(nn.Linear):
 
     Scales (``nvfp4_learner_scales`` of ``convert_to_nvfp4_learner``'s config): ``"dynamic"`` as above (torchao's
     recipe);
-    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.export``): the weight's
+    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.checkpoint_tensors``): the weight's
     per-tensor scale is the export's power-of-two scale of its vLLM-fused group (q/k/v, gate/up:
     ``weight_scale_group``, the group's layers, whose weights are read at each quantisation), and the activations
     use the sampler's static calibrated scale

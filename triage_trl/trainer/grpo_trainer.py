@@ -149,7 +149,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         Each sampler it builds is appended to ``built``, so the trainer can check TRL used it."""
         if not args.use_vllm:
             return None
-        from ..sampler.engine import TriageVLLMGeneration
+        from ..sampler.vllm_generation import TriageVLLMGeneration
 
         make = functools.partial(
             TriageVLLMGeneration,
