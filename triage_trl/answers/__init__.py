@@ -10,34 +10,5 @@
 This package imports neither torch nor math-verify until a check runs (the helper process imports it alone).
 """
 
-from .check import (
-    KINDS,
-    AnswerCheck,
-    boxed_span,
-    check_answer,
-    check_in_process,
-    extract_answer,
-    extract_boxed,
-    gsm8k_reference,
-    normalize_answer_latex,
-    olympiad_reference,
-    parse_prediction,
-    parse_reference,
-    verify,
-)
-
-__all__ = [
-    "KINDS",
-    "AnswerCheck",
-    "boxed_span",
-    "check_answer",
-    "check_in_process",
-    "extract_answer",
-    "extract_boxed",
-    "gsm8k_reference",
-    "normalize_answer_latex",
-    "olympiad_reference",
-    "parse_prediction",
-    "parse_reference",
-    "verify",
-]
+from .check import *  # noqa: F403  (check.py's public names are the package's)
+from .check import __all__  # noqa: F401

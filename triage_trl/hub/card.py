@@ -124,16 +124,9 @@ def package_version(package: str) -> str:
 def card_data(*, base_model: str | None, license: str | None, datasets: list[str] | None, model_name: str,
               tags: list[str], base_model_relation: str | None = None) -> ModelCardData:
     """The Hub metadata of a triage-trl card: a transformers text-generation model with these values."""
-    return ModelCardData(
-        base_model=base_model,
-        base_model_relation=base_model_relation,
-        datasets=datasets,
-        library_name="transformers",
-        license=license,
-        model_name=model_name,
-        pipeline_tag="text-generation",
-        tags=tags,
-    )
+    return ModelCardData(base_model=base_model, base_model_relation=base_model_relation, datasets=datasets,
+                         library_name="transformers", license=license, model_name=model_name,
+                         pipeline_tag="text-generation", tags=tags)
 
 
 def render_card(template: str, data: ModelCardData, **values) -> ModelCard:
