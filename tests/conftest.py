@@ -229,3 +229,18 @@ def test_device():
     if device.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip(f"TRIAGE_TEST_DEVICE={device} but torch sees no CUDA device")
     return torch.device(device)
+
+
+@pytest.fixture
+def grpo_config(tmp_path):
+    """``make(**overrides) -> TriageGRPOConfig``: a CPU config in ``tmp_path`` (batch 4, 4 generations, no saving, no
+    trackers); ``overrides`` are any ``TriageGRPOConfig`` fields. It validates, so a refused launch raises here."""
+    from triage_trl.trainer import TriageGRPOConfig
+
+    def make(**overrides):
+        kwargs = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=4, report_to="none", save_strategy="no")
+        kwargs.update(overrides)
+        return TriageGRPOConfig(**kwargs)
+
+    return make
