@@ -322,6 +322,16 @@ class TriageGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's ``GRPOTrainer.compute_loss`` with TRIAGE's per-token weights in place of TRL's importance-sampling
+        ratio (the public seam of ``docs/trainer.md``).
+
+        TRL's loss multiplies its per-token policy-gradient loss by ``inputs["importance_sampling_ratio"]`` (its vLLM
+        importance-sampling correction, ``vllm_importance_sampling_correction``) before its own aggregation. When
+        ``triage_replaces_trl_ratio`` (TRIAGE on, TRL's correction off) that entry is replaced by TRIAGE's detached
+        (B, T) weights (:func:`triage_trl.objective.triage_weights`; all 1 with ``triage_mode="diagnose"``, which only
+        logs the statistics); with ``"off"`` nothing is computed. The zero-signal mark that the generation batch carries
+        is removed from ``inputs`` before TRL sees them. Arguments and return value are TRL's.
+        """
         inputs = dict(inputs)
         zero_signal = inputs.pop(ZERO_SIGNAL_KEY, None)
         if self.triage_mode != "off":
