@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from .models.resolve import TINY_MODEL, resolve_model  # noqa: F401  (the documented path of both)
 from .runtime.run_logs import LOG_HISTORY
 
-# Measured on the 2-core CPU (quiet machine, session 2): 12 steps took 6.7 min in all (steps of 23-33 s, 5.5 min of
+# Measured on the 2-core CPU (quiet machine): 12 steps took 6.7 min in all (steps of 23-33 s, 5.5 min of
 # training; 128 held-out items greedy before and after, ~15 s each). On a CPU without bf16 instructions (AVX2 only)
 # steps take 45-90 s. With other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
 # nvfp4_recipe="paper": the NVFP4 layers of published NVFP4 RL (the stability lab's `paper` dose; docs/nvfp4.md).

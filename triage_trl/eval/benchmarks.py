@@ -1,7 +1,7 @@
 """The six math benchmarks of the TRIAGE paper as lists of :class:`Problem`, from local jsonl or the Hub.
 
-Local layout (``data_dir``, as ``../shared/data`` of this project): ``<data_dir>/<folder>/test.jsonl``
-with each source's own fields:
+Local layout (``data_dir``, ``docs/evaluation.md``): ``<data_dir>/<folder>/test.jsonl`` with each source's own
+fields:
 
 ============== ============= ==================================================== ==========
 name           folder        fields used (problem / reference / id)                kind
@@ -16,9 +16,9 @@ olympiadbench  olympiadbench question (+ context) / final_answer list, unit / id
 
 Without ``data_dir`` the rows come from the Hugging Face Hub (each :class:`Benchmark`'s ``hub``; needs network or
 the datasets cache) and are read with the same field rules. :data:`BENCHMARK_RECORDS` holds one record per
-benchmark: name, answer kind, Hub source and row function together. Source of the local files:
-``../shared/data/README.md`` (GSM8K: openai/grade-school-math; MATH-500: Lightman et al. 2023;
-AIME24, AMC23, Minerva math, OlympiadBench: QwenLM/Qwen2.5-Math evaluation data).
+benchmark: name, answer kind, Hub source and row function together. Sources of the rows: GSM8K:
+openai/grade-school-math; MATH-500: Lightman et al. 2023; AIME24, AMC23, Minerva math, OlympiadBench:
+QwenLM/Qwen2.5-Math evaluation data.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def load_benchmark(name: str, data_dir: str | os.PathLike | None = None, limit: 
 
     Args:
         name: a key of :data:`BENCHMARK_RECORDS`.
-        data_dir: folder holding ``<name>/test.jsonl`` (layout of ``../shared/data``). ``None`` loads
+        data_dir: folder holding ``<name>/test.jsonl`` (the layout above). ``None`` loads
             :data:`HUB_SOURCES` ``[name]`` with ``datasets.load_dataset`` (network or cache needed).
         limit: keep the first ``limit`` problems (``None``: all).
 
@@ -193,7 +193,7 @@ def load_benchmark(name: str, data_dir: str | os.PathLike | None = None, limit: 
         path = Path(data_dir).expanduser() / name / "test.jsonl"
         if not path.is_file():
             raise FileNotFoundError(
-                f"{path} does not exist: --data-dir must hold <benchmark>/test.jsonl folders (like ../shared/data), "
+                f"{path} does not exist: --data-dir must hold <benchmark>/test.jsonl folders (see docs/evaluation.md), "
                 "or leave it out to load from the Hub."
             )
         rows, where = read_jsonl(str(path)), str(path)
