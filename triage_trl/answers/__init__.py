@@ -7,7 +7,8 @@
 - ``rewards.py``: TRL reward functions on these checks (``REWARD_FUNCS``; also importable as
   ``triage_trl.rewards``).
 
-This package imports neither torch nor math-verify until a check runs (the helper process imports it alone).
+Its modules import no torch, and math-verify only when a check runs; the helper process imports them without
+``triage_trl/__init__.py`` (which loads torch).
 """
 
 from .check import *  # noqa: F403  (check.py's public names are the package's)

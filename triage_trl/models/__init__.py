@@ -8,7 +8,7 @@
   ``triage_trl.testing``.
 - ``blocks.py``: a model one decoder block at a time (plain, FSDP2, ZeRO-3) and the PEFT unwrap :func:`hf_model`.
 
-Importing this package loads neither torch nor transformers (``blocks.py`` loads torch when imported).
+``resolve.py``, ``smollm2.py`` and ``tiny.py`` import transformers only when they build or convert a model.
 """
 
 from .resolve import TINY_MODEL, resolve_model
