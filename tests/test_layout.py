@@ -92,6 +92,38 @@ def test_no_import_cycle_between_top_level_units():
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
 
 
+ENTRY_POINTS = {"triage_trl.cli", "triage_trl.demo", "triage_trl.env_report", "triage_trl.eval.cli",
+                "triage_trl.export.cli", "triage_trl.lab.worker", "triage_trl.lab.summarize"}
+"""Commands (``setup.cfg``'s console scripts, ``python -m``); ``commands.py`` dispatches to them by name and
+``__main__.py`` is ``triage-grpo``. What they share lives in the library (``runs.py`` and the folders)."""
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Dotted names ``path`` imports (``from a import b`` gives ``a`` and ``a.b``), relative imports resolved."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    package = list(parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = (package[: len(package) - node.level + 1] if node.level else [])
+            module = module + (node.module.split(".") if node.module else [])
+            names |= {".".join(module)} | {".".join(module + [alias.name]) for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def test_no_entry_point_imports_another():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module in ("triage_trl.__main__", "triage_trl.commands"):
+            continue
+        offenders += [f"{module} -> {name}" for name in _imported_modules(path) & (ENTRY_POINTS - {module})]
+    assert not offenders, offenders
+
+
 def test_at_most_six_flat_modules_at_the_root():
     flat = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(flat) <= MAX_FLAT_MODULES, flat
