@@ -1,6 +1,6 @@
 """Greedy agreement of a run's two engines: the vLLM sampler and the learner (transformers), same weights and scales.
 
-For each precision setting, one trainer is built with the demo's config (``triage_trl.demo.build_config``; the
+For each precision setting, one trainer is built with the demo's config (``triage_trl.runs.build_config``; the
 embedded SmolLM2-135M-Instruct, reasoning-gym held-out items) in its own process, the sampler is synced, and both
 engines answer the same held-out prompts greedily (32 tokens): the vLLM sampler through
 ``triage_trl.eval.held_out.greedy_accuracy``, the learner through ``generate`` (left-padded batches). Prints per
@@ -38,10 +38,9 @@ def measure(setting: str, items: int, work_dir: str) -> dict:
     import torch
 
     from triage_trl.data import HELD_OUT_SEED, reasoning_gym_dataset
-    from triage_trl.demo import build_config, demo_rewards
     from triage_trl.eval.held_out import greedy_accuracy
     from triage_trl.rewards import verified_answer_reward
-    from triage_trl.runs import resolve_model
+    from triage_trl.runs import build_config, demo_rewards, resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 

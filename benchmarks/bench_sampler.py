@@ -53,7 +53,7 @@ def build_model(seed: int = 0):
 def start_sampler(model, tokenizer, precision: str, workdir: str, max_tokens: int, n_seqs: int):
     from accelerate import Accelerator
 
-    from triage_trl.sampler.engine import TriageVLLMGeneration
+    from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
     calibration = [
         "What is 3 + 4? Let me think step by step.",

@@ -2,7 +2,7 @@
 loss vs NVFP4 sampler and learner with TRIAGE full, on SmolLM2-135M-Instruct (CPU, one process, colocated vLLM).
 
 Each arm trains ``--warmup + --steps`` steps of the real ``TriageGRPOTrainer`` with the demo's settings and batch
-(``triage_trl.demo.build_config`` and ``DEMO_DEFAULTS``: 2 prompts x 8 completions of the demo's task, LoRA rank 16,
+(``triage_trl.runs.build_config`` and ``DEMO_DEFAULTS``: 2 prompts x 8 completions of the demo's task, LoRA rank 16,
 the ``paper`` NVFP4 recipe, beta 0.04, float32 master weights), on the same prompts (same seed) and with the same
 lengths (``ignore_eos``: every completion is ``--max-completion-length`` tokens). The arms differ only
 in ``learner_precision``/``sampler_precision`` (``bf16`` vs ``nvfp4``) and ``triage_mode`` (``off``: TRL's loss with
@@ -136,9 +136,7 @@ def floors(floor: StepFloor, work: dict[str, int], syncs: int) -> dict[str, floa
 def run_arm(arm: str, model: str | None, work_dir: str, args) -> tuple[dict[str, float], dict[str, float]]:
     """Mean seconds per phase over the timed steps of one arm, and the mean floor of each phase."""
     from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
-    from triage_trl.demo import DEMO_DEFAULTS, build_config, lora_config
-    from triage_trl.demo import demo_rewards
-    from triage_trl.runs import resolve_model
+    from triage_trl.runs import DEMO_DEFAULTS, build_config, demo_rewards, lora_config, resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 

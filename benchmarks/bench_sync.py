@@ -1,6 +1,6 @@
 """The sampler sync (re-quantise + reload) and the sync probe as a share of one GRPO step, and the sync's peak extra
 memory, on SmolLM2-135M-Instruct (CPU, one process, NVFP4 sampler + NVFP4 learner, TRIAGE full, the demo's settings
-and batch: ``triage_trl.demo.build_config``, LoRA rank 16, 2 prompts x 8 completions of 32 tokens).
+and batch: ``triage_trl.runs.build_config``, LoRA rank 16, 2 prompts x 8 completions of 32 tokens).
 
 Trains ``--steps`` TRIAGE-GRPO steps with ``TriageGRPOTrainer`` (TRL syncs the sampler at the start of every step,
 then the trainer runs the probe) and times, inside the same run, every sync (``_load_learner_weights``: calibration
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> float:
         parser.error("--steps must be >= 2 (the first step is a warm-up).")
 
     from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
-    from triage_trl.demo import DEMO_DEFAULTS, build_config, demo_rewards, lora_config
-    from triage_trl.runs import resolve_model
+    from triage_trl.runs import DEMO_DEFAULTS, build_config, demo_rewards, lora_config, resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 

@@ -343,7 +343,7 @@ def nulls_report(out: str, model_path: str, group_size: int) -> dict:
     from transformers import AutoTokenizer
 
     from triage_trl.lab.null_models import na_share_null, segment_tail_counts, tail_concentration_null
-    from triage_trl.segments import build_newline_table, segment_ids
+    from triage_trl.objective.segments import build_newline_table, segment_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     table = None
@@ -406,9 +406,7 @@ def main(argv=None) -> dict:
         print(f"All {args.batches} batches done.")
         return report(out)
 
-    from triage_trl.demo import demo_rewards, lora_config
-    from triage_trl.lab.worker import load_datasets
-    from triage_trl.runs import resolve_model
+    from triage_trl.runs import demo_rewards, lora_config, recipe_datasets, resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 
@@ -420,7 +418,7 @@ def main(argv=None) -> dict:
                                       settings.get("trainer_overrides"), args.dose)
         config.triage_fuse_rollout_logps = False  # every arm's step needs the rollout-time learner log-probs
         fields = arm_fields(settings, os.path.join(out, "trainer"), args.seed, args.dose)
-        train, held_out, calibration = load_datasets(settings, args.seed, config.nvfp4_calibration_prompts)
+        train, held_out, calibration = recipe_datasets(settings, args.seed, config.nvfp4_calibration_prompts)
         rewards = [smoke_reward] if args.smoke else demo_rewards()
         if args.smoke:
             config.reward_weights = None

@@ -105,7 +105,7 @@ def nvfp4_vllm_engine(tmp_path_factory, in_process_vllm):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from triage_trl.nvfp4.export import calibrate_input_global_scales, save_nvfp4_checkpoint
+    from triage_trl.nvfp4.checkpoint_tensors import calibrate_input_global_scales, save_nvfp4_checkpoint
     from triage_trl.sampler.vllm_engine import start_engine
     from triage_trl.testing import save_tiny_qwen3
 
@@ -152,7 +152,7 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             from triage_trl.runtime import engine_dtype
-            from triage_trl.sampler.engine import TriageVLLMGeneration
+            from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
             from triage_trl.testing import save_tiny_qwen3
 
             root = tmp_path_factory.mktemp(f"sampler-{precision}{'-tied' if tied else ''}")
@@ -229,3 +229,18 @@ def test_device():
     if device.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip(f"TRIAGE_TEST_DEVICE={device} but torch sees no CUDA device")
     return torch.device(device)
+
+
+@pytest.fixture
+def grpo_config(tmp_path):
+    """``make(**overrides) -> TriageGRPOConfig``: a CPU config in ``tmp_path`` (batch 4, 4 generations, no saving, no
+    trackers); ``overrides`` are any ``TriageGRPOConfig`` fields. It validates, so a refused launch raises here."""
+    from triage_trl.trainer import TriageGRPOConfig
+
+    def make(**overrides):
+        kwargs = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=4, report_to="none", save_strategy="no")
+        kwargs.update(overrides)
+        return TriageGRPOConfig(**kwargs)
+
+    return make

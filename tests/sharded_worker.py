@@ -133,10 +133,10 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from triage_trl.nvfp4.export import iter_checkpoint_weights
+    from triage_trl.nvfp4.checkpoint_tensors import iter_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
     from triage_trl.runtime import vllm_process_settings
-    from triage_trl.sampler.engine import TriageVLLMGeneration
+    from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
     if mode == "zero3":
         import deepspeed

@@ -1,8 +1,8 @@
-"""triage_trl.answer_latex: the LaTeX rewrites applied before math-verify parses an answer or a reference."""
+"""triage_trl.answers.latex: the LaTeX rewrites applied before math-verify parses an answer or a reference."""
 
 import pytest
 
-from triage_trl.answer_latex import brace_macro_arguments, expand_e_notation, join_digit_groups
+from triage_trl.answers.latex import brace_macro_arguments, expand_e_notation, join_digit_groups
 from triage_trl.answers import normalize_answer_latex
 
 
@@ -82,7 +82,7 @@ def test_normalize_answer_latex_by_kind():
 
 
 def test_normalize_unicode():
-    from triage_trl.answer_latex import normalize_unicode
+    from triage_trl.answers.latex import normalize_unicode
 
     assert normalize_unicode("The answer is \u22127.") == "The answer is -7."
     assert normalize_unicode("\uff11\uff12\uff0e\uff15\uff0b\uff58") == "12.5+x"

@@ -1,4 +1,4 @@
-"""Answer checks end within their time limit in any thread (triage_trl.answer_worker).
+"""Answer checks end within their time limit in any thread (triage_trl.answers.worker).
 
 math-verify's own time limits use signal.alarm (main thread only); a SymPy power tower checked in a worker
 thread held the GIL and never returned. Checks now run in helper processes that are killed when late.
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from triage_trl import answer_worker
+from triage_trl.answers import worker as answer_worker
 from triage_trl.answers import check_answer, verify
 from triage_trl.rewards import verified_answer_reward
 

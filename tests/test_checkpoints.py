@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from triage_trl.run_folder import LOCK_NAME
+from triage_trl.runtime.run_folder import LOCK_NAME
 from triage_trl.trainer.checkpoints import (
     PARTIAL_PREFIX,
     last_complete_checkpoint,

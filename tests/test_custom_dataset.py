@@ -10,7 +10,7 @@ from datasets import Dataset, DatasetDict
 
 from triage_trl.cli import build_dataset, parse_args
 from triage_trl.data.custom import custom_dataset
-from triage_trl.preflight import check_reward_columns, required_columns
+from triage_trl.runtime.preflight import check_reward_columns, required_columns
 from triage_trl.rewards import REWARD_FUNCS, verified_answer_reward
 
 ROWS = [

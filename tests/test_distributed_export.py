@@ -1,4 +1,4 @@
-"""The export one decoder block at a time (``triage_trl.model_blocks``, ``triage_trl.nvfp4.export``) and what the
+"""The export one decoder block at a time (``triage_trl.models.blocks``, ``triage_trl.nvfp4.checkpoint_tensors``) and what the
 ranks agree on (``triage_trl.sampler.ranks``), in one process.
 
 Every model the sampler sees (plain, tied embeddings, an NVFP4-converted learner with blocks kept in bf16, PEFT LoRA
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from triage_trl.model_blocks import export_units, parameters_materialized
+from triage_trl.models.blocks import export_units, parameters_materialized
 from triage_trl.nvfp4.calibration import calibrate_input_global_scales
 from triage_trl.nvfp4.config import NVFP4Config
-from triage_trl.nvfp4.export import iter_checkpoint_weights, iter_nvfp4_checkpoint_weights
+from triage_trl.nvfp4.checkpoint_tensors import iter_checkpoint_weights, iter_nvfp4_checkpoint_weights
 from triage_trl.nvfp4.numerics import global_scale_from_amax
 from triage_trl.nvfp4.selection import select_nvfp4_layers
 from triage_trl.sampler.ranks import all_ranks_agree, reduce_input_global_scales

@@ -90,3 +90,18 @@ def test_loader_errors(tmp_path):
         load_benchmark("gsm8k", tmp_path)
     with pytest.raises(ValueError, match="limit must be >= 1"):
         load_benchmark("gsm8k", DATA, limit=0)
+
+
+def test_a_benchmark_is_one_record(tmp_path, monkeypatch):
+    """Name, answer kind, Hub source and row function travel together; a new record is all a benchmark needs."""
+    from triage_trl.eval import BENCHMARK_RECORDS, HUB_SOURCES, Benchmark
+    from triage_trl.eval.benchmarks import number_answer_row
+
+    assert BENCHMARKS == {name: b.kind for name, b in BENCHMARK_RECORDS.items()}
+    assert HUB_SOURCES["gsm8k"] == BENCHMARK_RECORDS["gsm8k"].hub == ("openai/gsm8k", "main", "test")
+    monkeypatch.setitem(BENCHMARK_RECORDS, "aime25", Benchmark("aime25", "aime", ("math-ai/aime25", None, "test"),
+                                                               number_answer_row))
+    (tmp_path / "aime25").mkdir()
+    (tmp_path / "aime25" / "test.jsonl").write_text('{"problem": "p", "answer": 70.0, "id": 3}\n')
+    [problem] = load_benchmark("aime25", tmp_path)
+    assert (problem.id, problem.reference, problem.kind, problem.unit) == ("aime25/3", "70", "aime", None)

@@ -185,7 +185,7 @@ def test_cli_checks_every_input_before_writing(tmp_path, capsys, tiny_qwen3_dir,
               "--backend", "transformers", "--max-new-tokens", "4", "--no-progress"]
     assert main(["--model", str(tmp_path / "no-model"), *common]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is neither a local folder nor a valid Hub id" in err[0]
+    assert len(err) == 1 and "does not exist: give a local folder" in err[0]  # the resolver of triage-grpo too
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert main(["--model", "nobody/no-such-model-x1", *common]) == 2
     assert "the Hub cannot be reached" in capsys.readouterr().err

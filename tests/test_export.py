@@ -83,7 +83,7 @@ def test_export_matches_the_samplers_own_export(exported, run_dir):
 
     from triage_trl.nvfp4.calibration import calibrate_input_global_scales
     from triage_trl.nvfp4.config import NVFP4Config
-    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
+    from triage_trl.nvfp4.checkpoint_tensors import iter_nvfp4_checkpoint_weights
     from triage_trl.nvfp4.selection import nvfp4_layer_selection
     from triage_trl.sampler.vllm_engine import sampler_tensors
 

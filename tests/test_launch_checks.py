@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from triage_trl.runtime import RENDEZVOUS_ENV
-from triage_trl.trainer import TriageGRPOConfig
 from triage_trl.trainer.distributed import Launch, launch_of, per_rank, sampler_checkpoint_dir
 
 FSDP1 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}
@@ -21,13 +20,6 @@ ZERO2 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": 
 ZERO3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
 NVFP4_BOTH = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
-
-
-def config(tmp_path, **overrides):
-    kwargs = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
-                  num_generations=4, report_to="none", save_strategy="no")
-    kwargs.update(overrides)
-    return TriageGRPOConfig(**kwargs)
 
 
 @pytest.fixture
@@ -60,10 +52,11 @@ def launched(monkeypatch):
     ids=["fsdp-on-cpu", "deepspeed-on-cpu", "fsdp1", "fsdp2-nvfp4-learner-cache", "zero3-sampler-scales",
          "zero3-nvfp4-learner-cache", "processes-that-train-alone"],
 )
-def test_unsupported_launches_are_refused_before_a_model_loads(tmp_path, launched, env, overrides, error, match):
+def test_unsupported_launches_are_refused_before_a_model_loads(grpo_config, launched, env, overrides, error,
+                                                               match):
     launched(env)
     with pytest.raises(error, match=match):
-        config(tmp_path, **overrides)
+        grpo_config(**overrides)
 
 
 NO_CACHE = {"nvfp4_weight_cache": False}
@@ -86,13 +79,13 @@ NO_CACHE = {"nvfp4_weight_cache": False}
     ids=["fsdp2-bf16-learner", "fsdp2-nvfp4-sampler-scales", "fsdp2-nvfp4-dynamic", "ddp-launcher-one-process",
          "zero3-bf16-learner", "zero3-nvfp4-dynamic", "zero2-bf16", "zero2-nvfp4", "single-nvfp4"],
 )
-def test_supported_launches_build_their_config(tmp_path, launched, env, overrides, kind):
+def test_supported_launches_build_their_config(grpo_config, launched, env, overrides, kind):
     launched(env)
     if kind == "deepspeed" and not HAS_DEEPSPEED:  # the CPU test machines: the remedy is named before TRL's checks
         with pytest.raises(ImportError, match="ZeRO-.* needs DeepSpeed, which is not installed: pip install deepspeed"):
-            config(tmp_path, **overrides)
+            grpo_config(**overrides)
         return
-    args = config(tmp_path, **overrides)
+    args = grpo_config(**overrides)
     assert launch_of(args).kind == kind
 
 

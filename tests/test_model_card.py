@@ -13,16 +13,9 @@ import pytest
 from huggingface_hub import ModelCard
 
 from triage_trl import models
-from triage_trl.trainer.model_card import (
-    TRIAGE_BIBTEX_KEY,
-    TRIAGE_PAPER,
-    add_eval_results_to_card,
-    base_model_info,
-    build_model_card,
-    md_cell,
-    mismatch_summary,
-    triage_card_section,
-)
+from triage_trl.eval.card import add_eval_results_to_card
+from triage_trl.hub.card import TRIAGE_BIBTEX_KEY, base_model_info, md_cell
+from triage_trl.trainer.model_card import TRIAGE_PAPER, build_model_card, mismatch_summary, triage_card_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGS = [  # TRL's log_history: one record per logged step, then the end-of-training summary

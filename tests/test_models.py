@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from triage_trl import models
+from triage_trl.models import smollm2 as models
 
 
 def test_other_models_pass_through():
@@ -62,3 +62,16 @@ def test_embedded_copy_names_its_hub_model(monkeypatch, tmp_path):
     source = models.read_model_source(str(folder))
     assert source["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and source["license"] == "apache-2.0"
     assert "GGUF" in source["note"]
+
+
+def test_one_resolver_for_every_command(monkeypatch, tmp_path):
+    """`triage-eval --model tiny-qwen3` resolves as `triage-grpo` does: one function, the model cache by default."""
+    from triage_trl import runs
+    from triage_trl.eval import runner
+    from triage_trl.models import TINY_MODEL, resolve_model
+
+    assert runner.resolve_model is resolve_model and runs.resolve_model is resolve_model
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    path = resolve_model(TINY_MODEL)
+    assert path == str(tmp_path / TINY_MODEL) and os.path.isfile(os.path.join(path, "config.json"))
+    assert resolve_model("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"

@@ -12,19 +12,11 @@ from torch import nn
 
 from triage_trl.nvfp4 import native
 from triage_trl.nvfp4.config import NVFP4Config
-from triage_trl.trainer import TriageGRPOConfig
 from triage_trl.trainer.sync_probe import probe_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "recipes", "*.yaml")))
 NATIVE_RECIPE = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4", "nvfp4_learner_scales": "dynamic"}
-
-
-def config(tmp_path, **overrides):
-    kwargs = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
-                  num_generations=4, report_to="none", save_strategy="no")
-    kwargs.update(overrides)
-    return TriageGRPOConfig(**kwargs)
 
 
 # ------------------------------------------------------------------ which recipes the native kernels run
@@ -54,23 +46,23 @@ def test_native_with_the_samplers_scales_is_refused_not_partial():
 # ------------------------------------------------------------------ pad_to_multiple_of, checked at config time
 
 
-def test_explicit_native_without_padding_is_refused_before_a_model_loads(tmp_path):
+def test_explicit_native_without_padding_is_refused_before_a_model_loads(grpo_config):
     with pytest.raises(ValueError, match="pad_to_multiple_of=None.*pad_to_multiple_of=128"):
-        config(tmp_path, **NATIVE_RECIPE, nvfp4_learner_kernel="native")
+        grpo_config(**NATIVE_RECIPE, nvfp4_learner_kernel="native")
     with pytest.raises(ValueError, match="pad_to_multiple_of=64"):
-        config(tmp_path, **NATIVE_RECIPE, nvfp4_learner_kernel="native", pad_to_multiple_of=64)
-    assert config(tmp_path, **NATIVE_RECIPE, nvfp4_learner_kernel="native", pad_to_multiple_of=256)
-    assert config(tmp_path, **NATIVE_RECIPE, nvfp4_learner_kernel="emulated").pad_to_multiple_of is None
+        grpo_config(**NATIVE_RECIPE, nvfp4_learner_kernel="native", pad_to_multiple_of=64)
+    assert grpo_config(**NATIVE_RECIPE, nvfp4_learner_kernel="native", pad_to_multiple_of=256)
+    assert grpo_config(**NATIVE_RECIPE, nvfp4_learner_kernel="emulated").pad_to_multiple_of is None
 
 
-def test_auto_refuses_missing_padding_only_where_the_gpu_has_native_kernels(tmp_path, monkeypatch):
-    assert config(tmp_path, **NATIVE_RECIPE).nvfp4_learner_kernel == "auto"  # CPU: emulated, no padding needed
+def test_auto_refuses_missing_padding_only_where_the_gpu_has_native_kernels(grpo_config, monkeypatch):
+    assert grpo_config(**NATIVE_RECIPE).nvfp4_learner_kernel == "auto"  # CPU: emulated, no padding needed
     monkeypatch.setattr(native, "native_nvfp4_available", lambda device=None: (True, ""))
     with pytest.raises(ValueError, match="sm100\\+.*pad_to_multiple_of=None"):
-        config(tmp_path, **NATIVE_RECIPE)
-    assert config(tmp_path, **NATIVE_RECIPE, pad_to_multiple_of=128).pad_to_multiple_of == 128
+        grpo_config(**NATIVE_RECIPE)
+    assert grpo_config(**NATIVE_RECIPE, pad_to_multiple_of=128).pad_to_multiple_of == 128
     # the sampler's scales keep auto on the emulation: no padding asked for
-    assert config(tmp_path, learner_precision="nvfp4", sampler_precision="nvfp4").pad_to_multiple_of is None
+    assert grpo_config(learner_precision="nvfp4", sampler_precision="nvfp4").pad_to_multiple_of is None
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=os.path.basename)

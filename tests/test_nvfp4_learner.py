@@ -297,7 +297,7 @@ def test_bf16_gemm_equals_bf16_matmul_of_dequantised_operands():
 
 
 def test_sampler_scales_match_the_export_and_the_static_activation_scale(tiny_model_dir):
-    from triage_trl.nvfp4.export import iter_nvfp4_checkpoint_weights
+    from triage_trl.nvfp4.checkpoint_tensors import iter_nvfp4_checkpoint_weights
     from triage_trl.nvfp4.learner import set_sampler_input_scales
     from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
@@ -370,3 +370,17 @@ def test_fused_group_scale_reads_the_siblings_current_weights(tiny_model_dir):
     after = attn.q_proj.weight_per_tensor_scale()
     assert torch.equal(after, 1.0 / global_scale_from_amax(bigger.float()))
     assert after.item() >= 4 * before.item()  # power-of-two scales: at least two binades up
+
+
+def test_emulation_options_are_read_once_from_the_config():
+    from triage_trl.nvfp4.config import NVFP4Config
+    from triage_trl.nvfp4.emulated import EmulationOptions
+
+    config = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_emulation_dtype="fp32",
+                         nvfp4_compile=False, nvfp4_sampler_kernel="weight_only")
+    options = EmulationOptions.from_config(config, "cpu")
+    assert options == EmulationOptions(compute_dtype=torch.float32, compiled=False, cache_weights=True,
+                                       four_over_six=False, quantize_input=False)
+    layer = NVFP4EmulatedLinear.from_linear(nn.Linear(32, 16), **options.layer_kwargs())
+    assert (layer.compute_dtype, layer.compiled, layer.quantize_input) == (torch.float32, False, False)
+    assert "quantize_input" not in options.layer_kwargs(experts=True)

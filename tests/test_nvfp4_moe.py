@@ -176,8 +176,8 @@ def _decode(codes, block_scale, global_scale):
 
 
 def test_export_writes_experts_per_expert_as_the_learner_quantises_them(tiny_moe):
-    from triage_trl.nvfp4.experts_export import expert_checkpoint_tensor_names
-    from triage_trl.nvfp4.export import iter_checkpoint_weights, nvfp4_quantization_config
+    from triage_trl.nvfp4.checkpoint_experts import expert_checkpoint_tensor_names
+    from triage_trl.nvfp4.checkpoint_tensors import iter_checkpoint_weights, nvfp4_quantization_config
     from triage_trl.nvfp4.learner import set_sampler_input_scales
 
     model = tiny_moe()

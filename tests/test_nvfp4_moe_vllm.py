@@ -22,7 +22,7 @@ def moe_engine(tmp_path_factory, in_process_vllm):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from triage_trl.nvfp4.calibration import calibrate_input_global_scales
-    from triage_trl.nvfp4.export import save_nvfp4_checkpoint
+    from triage_trl.nvfp4.checkpoint_tensors import save_nvfp4_checkpoint
     from triage_trl.nvfp4.learner import convert_to_nvfp4_learner, set_sampler_input_scales
     from triage_trl.sampler.vllm_engine import start_engine
     from triage_trl.testing import save_tiny_qwen3_moe
@@ -85,7 +85,7 @@ def test_export_generates_and_matches_the_learner(moe_engine):
 
 def test_one_reload_weights_call_streams_the_experts(moe_engine):
     from triage_trl.nvfp4.experts import repack_cpu_moe_after_reload
-    from triage_trl.nvfp4.export import iter_checkpoint_weights
+    from triage_trl.nvfp4.checkpoint_tensors import iter_checkpoint_weights
 
     llm, model = moe_engine.llm, moe_engine.model
     before, _ = _greedy(llm)

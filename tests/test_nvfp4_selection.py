@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from triage_trl.nvfp4.config import NVFP4Config
-from triage_trl.nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, save_nvfp4_checkpoint
+from triage_trl.nvfp4.checkpoint_tensors import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, save_nvfp4_checkpoint
 from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
 from triage_trl.nvfp4.selection import nvfp4_layer_selection, select_nvfp4_layers
 

@@ -4,7 +4,7 @@ import torch
 
 from triage_trl.nvfp4.config import NVFP4Config
 from triage_trl.nvfp4.learner import convert_to_nvfp4_learner
-from triage_trl.progress import progress
+from triage_trl.runtime.progress import progress
 
 
 def test_bar_on_the_local_main_process_only(monkeypatch, capfd):

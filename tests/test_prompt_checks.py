@@ -1,4 +1,5 @@
-"""Prompts checked before any model loads (``triage_trl.preflight.check_prompts``): empty, not text, or too long for
+"""Prompts checked before any model loads (``triage_trl.runtime.preflight.check_prompts``): empty, not text, or too
+long for
 the context, each refused in one line naming the data set, the row and the fix (status 2 on the command line)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 import pytest
 from datasets import Dataset
 
-from triage_trl.preflight import PromptError, check_prompts, context_tokens, dataset_prompts
+from triage_trl.runtime.preflight import PromptError, check_prompts, context_tokens, dataset_prompts
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from triage_trl.nvfp4.config import NVFP4Config
-from triage_trl.nvfp4.experts_export import expert_checkpoint_tensor_names
-from triage_trl.nvfp4.export import nvfp4_quantization_config
+from triage_trl.nvfp4.checkpoint_experts import expert_checkpoint_tensor_names
+from triage_trl.nvfp4.checkpoint_tensors import nvfp4_quantization_config
 from triage_trl.nvfp4.selection import select_nvfp4_layers
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

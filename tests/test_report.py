@@ -9,7 +9,7 @@ import pytest
 
 from triage_trl import METRIC_NAMES
 from triage_trl.report import FIGURES, figure_series, main, write_plots
-from triage_trl.run_logs import read_log_history
+from triage_trl.runtime.run_logs import read_log_history
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

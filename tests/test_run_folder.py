@@ -1,5 +1,5 @@
-"""The output folder of a run (``triage_trl.run_folder``): read-only and full folders refused before the model loads,
-one live run per folder (a lock), and no new run into a folder that holds one unless it resumes."""
+"""The output folder of a run (``triage_trl.runtime.run_folder``): read-only and full folders refused before the model
+loads, one live run per folder (a lock), and no new run into a folder that holds one unless it resumes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections import namedtuple
 
 import pytest
 
-from triage_trl import run_folder
-from triage_trl.run_folder import (
+from triage_trl.runtime import run_folder
+from triage_trl.runtime.run_folder import (
     LOCK_NAME,
     OutputFolderError,
     RunLock,
@@ -105,7 +105,7 @@ def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog)
     pid = int(dead.stdout)
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": run_folder.socket.gethostname()}))
     RunLock(tmp_path).check()  # a dead owner does not block
-    with caplog.at_level(logging.WARNING, logger="triage_trl.run_folder"):
+    with caplog.at_level(logging.WARNING, logger="triage_trl.runtime.run_folder"):
         lock = RunLock(tmp_path).acquire()
     assert f"taking over the lock of run PID {pid}" in caplog.text
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
@@ -116,7 +116,7 @@ def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog)
 
 
 def test_concurrent_acquire_has_one_winner(tmp_path):
-    code = ("import sys, time; from triage_trl.run_folder import RunLock, OutputFolderError\n"
+    code = ("import sys, time; from triage_trl.runtime.run_folder import RunLock, OutputFolderError\n"
             "try:\n    RunLock(sys.argv[1]).acquire(); print('won', flush=True); time.sleep(20)\n"
             "except OutputFolderError:\n    print('refused', flush=True)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}

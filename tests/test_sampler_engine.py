@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from triage_trl.sampler.engine import TriageVLLMGeneration  # noqa: E402
+from triage_trl.sampler.vllm_generation import TriageVLLMGeneration  # noqa: E402
 
 PROBE = "Question: what is 12 + 30?\nLet me think step by step.\n12 + 30 = 42.\nThe quick brown fox jumps over."
 GAP_BOUND = {"bf16": 0.03, "nvfp4": 0.3}

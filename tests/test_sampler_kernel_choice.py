@@ -70,7 +70,7 @@ def test_vllm_alone_falls_back_to_weight_only_on_hopper(hopper):
 
 
 def test_auto_forces_w4a4_emulation_on_hopper(hopper):
-    from triage_trl.sampler.engine import TriageVLLMGeneration
+    from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
     sampler = SimpleNamespace(sampler_precision="nvfp4", nvfp4_config=NVFP4Config(), sampler_kernel=None)
     monkey_platform = hopper.current_platform

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from triage_trl.sampler.engine import TriageVLLMGeneration
+from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
 
 class RecordingLLM:

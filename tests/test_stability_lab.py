@@ -176,7 +176,8 @@ def test_collapse_preset_sets_the_published_collapse_conditions(tmp_path):
 @pytest.mark.parametrize("task", ["chain_sum_2d", "chain_lines"])
 def test_large_tasks_hold_out_items_no_lab_seed_trains_on(task):
     from triage_trl.eval.held_out import shared_prompts
-    from triage_trl.lab.worker import LAB_SEEDS_CHECKED, load_datasets
+    from triage_trl.lab.worker import load_datasets
+    from triage_trl.runs import SEEDS_CHECKED as LAB_SEEDS_CHECKED
 
     settings = {**scale_preset("collapse"), "task": task, "train_size": 64, "eval_size": 32}
     held_out = load_datasets(settings, 0, 2)[1]
@@ -214,15 +215,15 @@ def test_hot_sampler_doses_run_both_engines_bf16_with_a_rising_sampler_temperatu
 
 
 def test_resumed_run_keeps_the_log_records_up_to_its_checkpoint(tmp_path):
-    from triage_trl.lab.worker import keep_records_up_to, read_jsonl
+    from triage_trl.lab.worker import keep_records_up_to, read_records
 
     path = tmp_path / "log.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [{"step": 0, "a": 1}, {"step": 10}, {"step": 11},
                                                              {"x": 2}]))
     keep_records_up_to(str(path), 10)
-    assert read_jsonl(str(path)) == [{"step": 0, "a": 1}, {"step": 10}, {"x": 2}]
+    assert read_records(str(path)) == [{"step": 0, "a": 1}, {"step": 10}, {"x": 2}]
     keep_records_up_to(str(tmp_path / "missing.jsonl"), 3)  # nothing to cut: no file made
-    assert not (tmp_path / "missing.jsonl").exists() and read_jsonl(str(tmp_path / "missing.jsonl")) == []
+    assert not (tmp_path / "missing.jsonl").exists() and read_records(str(tmp_path / "missing.jsonl")) == []
 
 
 def test_cpu_preset_runs_the_demo_budget():

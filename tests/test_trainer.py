@@ -548,7 +548,7 @@ def test_lora_on_nvfp4_learner_trains_two_steps(tmp_path, tiny_qwen3_dir, fake_s
 
 
 def test_sampler_is_seeded_with_the_run_seed(tmp_path, monkeypatch):
-    import triage_trl.sampler.engine as engine
+    import triage_trl.sampler.vllm_generation as engine
 
     seen = {}
     monkeypatch.setattr(engine, "TriageVLLMGeneration", lambda *a, **kw: seen.update(kw))

@@ -79,7 +79,7 @@ from accelerate.state import PartialState
 from triage_trl.data.arith import arith_dataset
 from triage_trl.rewards import digit_share_reward
 from triage_trl.runtime import vllm_process_settings
-from triage_trl.sampler import engine
+from triage_trl.sampler import vllm_generation as engine
 from triage_trl.testing import save_tiny_qwen3, save_tiny_qwen3_moe
 from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
 

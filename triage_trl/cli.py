@@ -167,7 +167,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
     Raises:
         ValueError: a name is neither in the registry nor an importable ``module.function`` path.
     """
-    from .rewards import REWARD_FUNCS
+    from .answers.rewards import REWARD_FUNCS
 
     funcs = []
     for name in names:
@@ -245,12 +245,12 @@ def prepare(script_args: TriageScriptArguments, training_args, model_args) -> Pr
 
     Raises:
         ValueError, FileNotFoundError, ImportError: a bad input, with the remedy (see
-            :mod:`triage_trl.preflight`, :mod:`triage_trl.run_folder`, :func:`build_dataset`,
+            :mod:`triage_trl.runtime.preflight`, :mod:`triage_trl.runtime.run_folder`, :func:`build_dataset`,
             :func:`resolve_reward_funcs`): a read-only or full ``output_dir``, one that already holds a run (unless
             resuming), an empty, non-text or too long prompt.
     """
-    from .preflight import check_model_source, check_reward_columns, quantization_config
-    from .run_folder import RunLock, check_output_dir, refuse_existing_run
+    from .runtime.preflight import check_model_source, check_reward_columns, quantization_config
+    from .runtime.run_folder import RunLock, check_output_dir, refuse_existing_run
     from .runs import resolve_model
 
     if not model_args.model_name_or_path:

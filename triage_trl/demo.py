@@ -24,118 +24,11 @@ import math
 import os
 import time
 
+# The recipe lives in the library (runs.py); its names stay importable from here, where the docs point.
+from .runs import DEMO_DEFAULTS, REWARD_WEIGHTS, build_config, demo_rewards, lora_config  # noqa: F401
 from .runtime import vllm_process_settings
 
-# Measured on the 2-core CPU (quiet machine, session 2): 12 steps took 6.7 min in all (steps of 23-33 s, 5.5 min of
-# training; 128 held-out items greedy before and after, ~15 s each). On a CPU without bf16 instructions (AVX2 only)
-# steps take 45-90 s. With other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
-# nvfp4_recipe="paper": the NVFP4 layers of published NVFP4 RL (the stability lab's `paper` dose; docs/nvfp4.md).
-# beta=0.04: the k3 KL to the reference model anchors the policy; measured with these settings (128 held-out items):
-# greedy accuracy 63.3% -> 59.4% (-3.9 +- 3.9 points) with it, 63.3% -> 39.8% (-23.4 +- 4.4) with beta 0.
-# lora_rank=16, learning_rate=1e-4: LoRA adapters on every decoder linear instead of full fine-tuning. Measured with
-# these settings and the former one-shot example (a positive answer), seed 0, 128 held-out items (docs/stability.md,
-# "Looking for a budget where bf16 learns"): full fine-tuning at lr 1e-5 -3.9 +- 3.9 points (AVX2 CPU); LoRA at lr
-# 5e-5 / 1e-4 / 2e-4 +3.9 +- 3.4 / +7.0 +- 3.7 / +0.0 +- 3.3 (AVX512-BF16 CPU). With today's example (a negative
-# answer, triage_trl.data.reasoning_gym) it gained on three seeds of three: +19.5 +- 4.7 points on seed 0 (the
-# demo's), +4.7 and +7.8 on seeds 1 and 2 (docs/stability.md, "A prompt with headroom").
-DEMO_DEFAULTS = dict(
-    max_steps=12,
-    prompts_per_step=2,
-    num_generations=8,
-    max_completion_length=32,
-    temperature=0.7,
-    learning_rate=1e-4,
-    lora_rank=16,
-    train_size=256,
-    eval_size=128,
-    nvfp4_recipe="paper",
-    beta=0.04,
-)
 QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
-REWARD_WEIGHTS = (1.0, 0.2)
-"""Weights of :func:`demo_rewards`: the verified answer, and ending with the boxed answer (the demo and the lab)."""
-
-
-def demo_rewards() -> list:
-    """The reward functions of the demo and the stability lab: ``verified_answer_reward`` (1.0 for a correct final
-    answer) and ``answer_then_stop_reward`` (1.0 when the completion ends with its boxed answer), weighted by
-    :data:`REWARD_WEIGHTS`. Without the second, GRPO on SmolLM2-135M grows text after the answer until completions
-    reach the length limit (measured: mean completion length 20 -> 31 tokens in 8 steps, and the learner-sampler k3
-    rose to 1.2 nats/token on that text); with it they stayed at 21-23 tokens."""
-    from .rewards import answer_then_stop_reward, verified_answer_reward
-
-    return [verified_answer_reward, answer_then_stop_reward]
-
-
-def lora_config(rank: int):
-    """The demo's and the lab's LoRA adapters (peft ``LoraConfig``), or ``None`` for full fine-tuning (``rank`` 0).
-
-    Rank ``rank`` on every decoder linear (``"all-linear"``: q/k/v/o and gate/up/down, not ``lm_head``), alpha
-    ``2 x rank``, no dropout (dropout would make the learner's log-probs differ from the sampler's). Under NVFP4 the
-    learner runs the adapters in full precision beside its NVFP4 base layer and the sampler serves the merged weight
-    re-quantised at every sync (``docs/nvfp4.md``, "LoRA adapters"); the gap is part of the measured
-    learner-sampler mismatch.
-
-    Raises:
-        ValueError: a negative ``rank``.
-    """
-    if rank < 0:
-        raise ValueError(f"lora_rank={rank} is invalid: use 0 (full fine-tuning) or a positive rank.")
-    if rank == 0:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
-
-
-def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,
-                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0,
-                 nvfp4_recipe: str = "all", beta: float = 0.04, **overrides):
-    """The demo's ``TriageGRPOConfig``: TRIAGE full, NVFP4 sampler and learner, CPU, colocated vLLM.
-
-    ``overrides`` are any ``TriageGRPOConfig`` fields; they win over the demo's values (e.g. the stability lab's
-    ``learner_precision="bf16"``, ``triage_mode="diagnose"``).
-    """
-    from .trainer import TriageGRPOConfig
-
-    settings = dict(
-        output_dir=output_dir,
-        triage_mode="full",
-        learner_precision="nvfp4",
-        sampler_precision="nvfp4",
-        nvfp4_recipe=nvfp4_recipe,
-        nvfp4_calibration_prompts=4,
-        # Measured on SmolLM2-135M (56-token probe): NVFP4 learner vs NVFP4 sampler differ by 0.81-0.99 nats/token
-        # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
-        # default same-precision bound (0.1) would stop the run; 2.0 still catches a stale or corrupt sync.
-        sync_probe_max_gap=2.0,
-        use_cpu=True,
-        bf16=False,
-        model_init_kwargs={"dtype": "float32"},
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_enable_sleep_mode=False,
-        vllm_max_model_length=512,
-        per_device_train_batch_size=prompts_per_step * num_generations,
-        num_generations=num_generations,
-        max_completion_length=max_completion_length,
-        temperature=temperature,
-        loss_type="dapo",
-        beta=beta,
-        learning_rate=learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=max_steps,
-        reward_weights=list(REWARD_WEIGHTS),
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        gradient_checkpointing=False,
-        seed=seed,
-    )
-    settings.update(overrides)
-    return TriageGRPOConfig(**settings)
 
 
 def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: bool = False, seed: int = 0,
@@ -164,7 +57,7 @@ def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: 
 
 def _move_earlier_run_aside(output_dir: str) -> str | None:
     """Rename a folder holding an earlier run to the first free ``<output_dir>.previous-<N>``; returns its new name."""
-    from .run_folder import existing_run
+    from .runtime.run_folder import existing_run
 
     if not existing_run(output_dir):
         return None
@@ -177,28 +70,21 @@ def _move_earlier_run_aside(output_dir: str) -> str | None:
 
 
 def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: dict) -> dict:
-    from .data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, reasoning_gym_dataset
     from .eval.held_out import items_won_lost, paired_difference, shared_prompts
-    from .runs import HeldOutEvaluator, finish_run, resolve_model, train_with_held_out
-    from .trainer import TriageGRPOTrainer
+    from .runs import HeldOutEvaluator, build_recipe_trainer, finish_run, resolve_model, train_with_held_out
     from .trainer.model_card import mismatch_summary
 
     start = time.perf_counter()
     _move_earlier_run_aside(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     model_path = resolve_model(model, output_dir)
-    train = reasoning_gym_dataset(size=settings["train_size"], seed=TRAIN_SEED + seed)
-    held_out = reasoning_gym_dataset(size=settings["eval_size"], seed=HELD_OUT_SEED)
     config = build_config(
         output_dir,
         seed=seed,
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
                                     "temperature", "learning_rate", "nvfp4_recipe", "beta")},
     )
-    # One calibration set for every seed: the sampler's activation scales do not depend on the training draw.
-    calibration = reasoning_gym_dataset(size=config.nvfp4_calibration_prompts, seed=CALIBRATION_SEED)
-    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=config, train_dataset=train,
-                                calibration_dataset=calibration, peft_config=lora_config(settings["lora_rank"]))
+    trainer, train, held_out = build_recipe_trainer(model_path, config, {**settings, "task": "reasoning_gym"}, seed)
     evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])
     train_seconds = train_with_held_out(trainer, evaluator)
     before, after = evaluator.results[0][1], evaluator.results[-1][1]

@@ -1,7 +1,7 @@
 """``triage-report RUN_DIR``: PNG plots of a TRIAGE-GRPO run from its log history.
 
-Reads the run's log history (``triage_trl.runs.read_log_history``: ``log_history.jsonl``, ``trainer_state.json`` or
-the last ``checkpoint-*/``'s) and draws one figure per quantity against the optimizer step:
+Reads the run's log history (``triage_trl.runtime.run_logs.read_log_history``: ``log_history.jsonl``,
+``trainer_state.json`` or the last ``checkpoint-*/``'s) and draws one figure per quantity against the optimizer step:
 
 =========================  ==================================================================  ===========
 figure                     series (log keys)                                                   unit
@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .run_logs import log_series, read_log_history
+from .runtime.run_logs import log_series, read_log_history
 
 # name -> (title, y label, [(log key, legend label)])
 FIGURES = {
@@ -75,7 +75,7 @@ def write_plots(run_dir: str, out_dir: str | None = None) -> list[str]:
         out_dir: where the PNGs go (default ``RUN_DIR/plots``; created).
 
     Raises:
-        FileNotFoundError: no log history in ``run_dir`` (see ``triage_trl.runs.read_log_history``).
+        FileNotFoundError: no log history in ``run_dir`` (see ``triage_trl.runtime.run_logs.read_log_history``).
         ValueError: the log has no training records.
     """
     import matplotlib

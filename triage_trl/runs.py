@@ -1,5 +1,7 @@
-"""One run harness for the demo, the stability lab and the CLI: which model, the run's logs, held-out evaluations
-during training, and what a finished run leaves in its folder.
+"""One run harness for the demo, the stability lab and the CLI: the demo's recipe (its budget, rewards, LoRA
+adapters, ``TriageGRPOConfig`` and data sets) and the trainer built from it, which model, the run's logs, held-out
+evaluations during training, and what a finished run leaves in its folder. The demo and the lab call it; no entry
+point imports another.
 
 Every entry point runs inside :func:`triage_trl.runtime.vllm_process_settings` (the in-process vLLM engine's
 environment and threads) and ends with :func:`finish_run`: the model and its card, ``trainer_state.json``
@@ -15,38 +17,210 @@ from collections.abc import Callable
 
 from transformers import TrainerCallback
 
-from .run_logs import LOG_HISTORY
+from .models.resolve import TINY_MODEL, resolve_model  # noqa: F401  (the documented path of both)
+from .runtime.run_logs import LOG_HISTORY
 
-TINY_MODEL = "tiny-qwen3"
-"""``model_name_or_path`` value that builds a tiny random Qwen3 offline (``triage_trl.testing.save_tiny_qwen3``)."""
+# Measured on the 2-core CPU (quiet machine): 12 steps took 6.7 min in all (steps of 23-33 s, 5.5 min of
+# training; 128 held-out items greedy before and after, ~15 s each). On a CPU without bf16 instructions (AVX2 only)
+# steps take 45-90 s. With other jobs on the 2 cores, steps were measured 5-10x slower (OpenMP threads contending).
+# nvfp4_recipe="paper": the NVFP4 layers of published NVFP4 RL (the stability lab's `paper` dose; docs/nvfp4.md).
+# beta=0.04: the k3 KL to the reference model anchors the policy; measured with these settings (128 held-out items):
+# greedy accuracy 63.3% -> 59.4% (-3.9 +- 3.9 points) with it, 63.3% -> 39.8% (-23.4 +- 4.4) with beta 0.
+# lora_rank=16, learning_rate=1e-4: LoRA adapters on every decoder linear instead of full fine-tuning. Measured with
+# these settings and the former one-shot example (a positive answer), seed 0, 128 held-out items (docs/stability.md,
+# "Looking for a budget where bf16 learns"): full fine-tuning at lr 1e-5 -3.9 +- 3.9 points (AVX2 CPU); LoRA at lr
+# 5e-5 / 1e-4 / 2e-4 +3.9 +- 3.4 / +7.0 +- 3.7 / +0.0 +- 3.3 (AVX512-BF16 CPU). With today's example (a negative
+# answer, triage_trl.data.reasoning_gym) it gained on three seeds of three: +19.5 +- 4.7 points on seed 0 (the
+# demo's), +4.7 and +7.8 on seeds 1 and 2 (docs/stability.md, "A prompt with headroom").
+DEMO_DEFAULTS = dict(
+    max_steps=12,
+    prompts_per_step=2,
+    num_generations=8,
+    max_completion_length=32,
+    temperature=0.7,
+    learning_rate=1e-4,
+    lora_rank=16,
+    train_size=256,
+    eval_size=128,
+    nvfp4_recipe="paper",
+    beta=0.04,
+)
+REWARD_WEIGHTS = (1.0, 0.2)
+"""Weights of :func:`demo_rewards`: the verified answer, and ending with the boxed answer (the demo and the lab)."""
 
 
-def resolve_model(name: str | None, work_dir: str) -> str:
-    """The model folder or Hub id to train.
+def demo_rewards() -> list:
+    """The reward functions of the demo and the stability lab: ``verified_answer_reward`` (1.0 for a correct final
+    answer) and ``answer_then_stop_reward`` (1.0 when the completion ends with its boxed answer), weighted by
+    :data:`REWARD_WEIGHTS`. Without the second, GRPO on SmolLM2-135M grows text after the answer until completions
+    reach the length limit (measured: mean completion length 20 -> 31 tokens in 8 steps, and the learner-sampler k3
+    rose to 1.2 nats/token on that text); with it they stayed at 21-23 tokens."""
+    from .answers.rewards import answer_then_stop_reward, verified_answer_reward
 
-    ``None`` or ``smollm2-135m-instruct`` is the embedded default (converted once into the model cache,
-    ``triage_trl.models``); ``tiny-qwen3`` is built offline into ``work_dir/tiny-qwen3``; a Hub id passes through.
+    return [verified_answer_reward, answer_then_stop_reward]
+
+
+def lora_config(rank: int):
+    """The demo's and the lab's LoRA adapters (peft ``LoraConfig``), or ``None`` for full fine-tuning (``rank`` 0).
+
+    Rank ``rank`` on every decoder linear (``"all-linear"``: q/k/v/o and gate/up/down, not ``lm_head``), alpha
+    ``2 x rank``, no dropout (dropout would make the learner's log-probs differ from the sampler's). Under NVFP4 the
+    learner runs the adapters in full precision beside its NVFP4 base layer and the sampler serves the merged weight
+    re-quantised at every sync (``docs/nvfp4.md``, "LoRA adapters"); the gap is part of the measured
+    learner-sampler mismatch.
 
     Raises:
-        FileNotFoundError: ``name`` looks like a local path (starts with ``.``, ``/`` or ``~``) that does not exist.
+        ValueError: a negative ``rank``.
     """
-    from .models import SMOLLM2, resolve_model_path
+    if rank < 0:
+        raise ValueError(f"lora_rank={rank} is invalid: use 0 (full fine-tuning) or a positive rank.")
+    if rank == 0:
+        return None
+    from peft import LoraConfig
 
-    if name is None or name == SMOLLM2:
-        return resolve_model_path(SMOLLM2)
-    if name == TINY_MODEL:
-        from .testing import save_tiny_qwen3
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
 
-        path = os.path.join(work_dir, TINY_MODEL)
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            save_tiny_qwen3(path)
-        return path
-    if name.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(name)):
-        raise FileNotFoundError(
-            f"Model folder {name} does not exist: give a local folder with config.json, a Hub id, "
-            f"`{SMOLLM2}` (the embedded default) or `{TINY_MODEL}` (a tiny offline model)."
-        )
-    return os.path.expanduser(name)
+
+def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_generations: int,
+                 max_completion_length: int, temperature: float, learning_rate: float, seed: int = 0,
+                 nvfp4_recipe: str = "all", beta: float = 0.04, **overrides):
+    """The demo's ``TriageGRPOConfig``: TRIAGE full, NVFP4 sampler and learner, CPU, colocated vLLM.
+
+    ``overrides`` are any ``TriageGRPOConfig`` fields; they win over the demo's values (e.g. the stability lab's
+    ``learner_precision="bf16"``, ``triage_mode="diagnose"``).
+    """
+    from .trainer import TriageGRPOConfig
+
+    settings = dict(
+        output_dir=output_dir,
+        triage_mode="full",
+        learner_precision="nvfp4",
+        sampler_precision="nvfp4",
+        nvfp4_recipe=nvfp4_recipe,
+        nvfp4_calibration_prompts=4,
+        # Measured on SmolLM2-135M (56-token probe): NVFP4 learner vs NVFP4 sampler differ by 0.81-0.99 nats/token
+        # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
+        # default same-precision bound (0.1) would stop the run; 2.0 still catches a stale or corrupt sync.
+        sync_probe_max_gap=2.0,
+        use_cpu=True,
+        bf16=False,
+        model_init_kwargs={"dtype": "float32"},
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_enable_sleep_mode=False,
+        vllm_max_model_length=512,
+        per_device_train_batch_size=prompts_per_step * num_generations,
+        num_generations=num_generations,
+        max_completion_length=max_completion_length,
+        temperature=temperature,
+        loss_type="dapo",
+        beta=beta,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=max_steps,
+        reward_weights=list(REWARD_WEIGHTS),
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        gradient_checkpointing=False,
+        seed=seed,
+    )
+    settings.update(overrides)
+    return TriageGRPOConfig(**settings)
+
+
+LARGE_TASKS = ("chain_sum_2d", "chain_lines")
+"""Tasks with a large item space (``triage_trl.data.reasoning_gym``: ``TWO_DIGIT_TASK``, ``CHAIN_LINES_TASK``): their
+held-out slice is disjoint from the training items (:func:`disjoint_held_out`)."""
+SEEDS_CHECKED = 8
+"""A large task's held-out slice leaves out the items of the training sets of seeds 0..7 (any lab seed below 8 trains
+on none of its held-out items)."""
+
+
+def _large_task(name: str) -> tuple[dict, tuple[str, str]]:
+    from .data.reasoning_gym import CHAIN_LINES_EXAMPLE, CHAIN_LINES_TASK, RG_ARITHMETIC_EXAMPLE, TWO_DIGIT_TASK
+
+    return {"chain_sum_2d": (TWO_DIGIT_TASK, RG_ARITHMETIC_EXAMPLE),
+            "chain_lines": (CHAIN_LINES_TASK, CHAIN_LINES_EXAMPLE)}[name]
+
+
+def disjoint_held_out(held_out, settings: dict, task: dict, example, size: int):
+    """The first ``size`` rows of ``held_out`` whose prompt is in none of the training sets of seeds
+    ``0..SEEDS_CHECKED - 1``.
+
+    Raises:
+        ValueError: fewer than ``size`` such rows (the item space is too small for a disjoint slice).
+    """
+    from .data import TRAIN_SEED, reasoning_gym_dataset
+
+    seen = set()
+    for s in range(SEEDS_CHECKED):
+        seen.update(repr(p) for p in reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + s,
+                                                             example=example)["prompt"])
+    keep = [i for i, p in enumerate(held_out["prompt"]) if repr(p) not in seen][:size]
+    if len(keep) < size:
+        raise ValueError(f"Only {len(keep)} of {len(held_out)} held-out items are outside the training items: lower "
+                         f"--eval-size (now {size}) or --train-size.")
+    return held_out.select(keep)
+
+
+def recipe_datasets(settings: dict, seed: int, calibration_size: int):
+    """``(train, held_out, calibration)`` for the run's task.
+
+    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` (``chain_sum_2d``, ``chain_lines``: the
+    :data:`LARGE_TASKS`, with a held-out slice disjoint from training) with seed ``TRAIN_SEED + seed``; the held-out
+    slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
+    and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
+    NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
+    (the first items of seed 0's training set), so every seed's sampler gets the same activation scales.
+
+    Raises:
+        ValueError: another task.
+    """
+    from .data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
+
+    if settings["task"] in ("reasoning_gym", *LARGE_TASKS):
+        from .data.reasoning_gym import RG_ARITHMETIC_EXAMPLE
+
+        large = settings["task"] in LARGE_TASKS
+        task, example = _large_task(settings["task"]) if large else (None, RG_ARITHMETIC_EXAMPLE)
+        train = reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + seed, example=example)
+        held_out = reasoning_gym_dataset(task, size=settings["eval_size"] * (2 if large else 1), seed=HELD_OUT_SEED,
+                                         example=example)
+        if large:  # the held-out slice keeps only items no training seed of the lab draws
+            held_out = disjoint_held_out(held_out, settings, task, example, settings["eval_size"])
+        return (train, held_out,
+                reasoning_gym_dataset(task, size=calibration_size, seed=CALIBRATION_SEED, example=example))
+    if settings["task"] == "gsm8k":
+        source = settings.get("data_path") or "openai/gsm8k"
+        return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
+                gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
+                gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
+    raise ValueError(f"task={settings['task']!r} is not supported by the recipe: use 'reasoning_gym', 'chain_sum_2d', "
+                     "'chain_lines' or 'gsm8k'.")
+
+
+def build_recipe_trainer(model_path: str, args, settings: dict, seed: int, *, callbacks: list | None = None):
+    """The demo's and the lab's trainer: ``TriageGRPOTrainer`` on :func:`recipe_datasets` with :func:`demo_rewards`
+    and :func:`lora_config` ``(settings["lora_rank"])``.
+
+    Args:
+        model_path: a resolved model (:func:`resolve_model`). args: the ``TriageGRPOConfig`` (:func:`build_config`).
+        settings: ``task``, ``train_size``, ``eval_size``, ``lora_rank`` (0 or absent: full fine-tuning) and, for
+            ``gsm8k``, ``data_path``. seed: the training draw's seed. callbacks: extra ``TrainerCallback`` objects.
+
+    Returns:
+        ``(trainer, train_dataset, held_out_dataset)``.
+    """
+    from .trainer import TriageGRPOTrainer
+
+    train, held_out, calibration = recipe_datasets(settings, seed, args.nvfp4_calibration_prompts)
+    trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args, train_dataset=train,
+                                calibration_dataset=calibration, callbacks=callbacks,
+                                peft_config=lora_config(settings.get("lora_rank") or 0))
+    return trainer, train, held_out
 
 
 class LogHistoryWriter(TrainerCallback):

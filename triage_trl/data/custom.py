@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 
 from ..answers import KINDS
-from ..preflight import check_prompts, first_line
+from ..runtime.preflight import check_prompts, first_line
 from .prompts import boxed_chat_prompt
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -43,7 +43,7 @@ def custom_dataset(source: str, *, config: str | None = None, split: str = "trai
     Raises:
         FileNotFoundError: a local path that does not exist, or a Hub id that cannot be loaded (offline and not
             cached, or no such dataset).
-        triage_trl.preflight.PromptError: an empty or non-text prompt (names the row).
+        triage_trl.runtime.preflight.PromptError: an empty or non-text prompt (names the row).
         ValueError: an unknown split or file type, a mapped column that is not there, no ``prompt`` column, an
             unknown ``answer_kind`` or prompt format, an ``answer_kind`` column next to ``answer_kind=``, or ``size``
             out of range.

@@ -3,20 +3,23 @@
 Python API (notebooks)::
 
     from triage_trl.eval import evaluate
-    res = evaluate("smollm2-135m-instruct", ["gsm8k", "math500"], data_dir="../shared/data", limit=50,
+    res = evaluate("smollm2-135m-instruct", ["gsm8k", "math500"], data_dir="DATA_DIR", limit=50,
                    backend="vllm", precision="nvfp4", output_dir="eval-out")
     print(res.to_markdown()); res.benchmarks["gsm8k"].records[0]
 
-Command line: ``triage-eval --model PATH --benchmarks gsm8k,math500 --data-dir ../shared/data`` (see ``cli.py``).
+Command line: ``triage-eval --model PATH --benchmarks gsm8k,math500 --data-dir DATA_DIR`` (see ``cli.py``;
+``DATA_DIR/<benchmark>/test.jsonl``, ``docs/evaluation.md``).
 """
 
-from .benchmarks import BENCHMARKS, HUB_SOURCES, Problem, load_benchmark
+from .benchmarks import BENCHMARK_RECORDS, BENCHMARKS, HUB_SOURCES, Benchmark, Problem, load_benchmark
 from .metrics import default_ks, pass_at_k, summarize
 from .runner import BenchmarkResult, EvalConfig, EvalResults, evaluate, score_completions
 
 __all__ = [
     "BENCHMARKS",
+    "BENCHMARK_RECORDS",
     "HUB_SOURCES",
+    "Benchmark",
     "BenchmarkResult",
     "EvalConfig",
     "EvalResults",

@@ -95,7 +95,7 @@ class VLLMBackend:
         self.served_path = served
 
     def _export_nvfp4(self, model_path, tokenizer, prompts, checkpoint_dir) -> Path:
-        from ..nvfp4.export import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
+        from ..nvfp4.checkpoint_tensors import calibrate_input_global_scales, iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
 
         if checkpoint_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="triage-eval-nvfp4-")

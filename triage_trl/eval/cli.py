@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score a model on math benchmarks with math-verify: greedy pass@1, or avg@n and unbiased "
         "pass@k with --n > 1. bf16 or NVFP4 (the sampler's compressed-tensors export).",
     )
-    p.add_argument("--model", required=True, help="model folder, Hub id, or smollm2-135m-instruct (embedded default)")
+    p.add_argument("--model", required=True, help="model folder, Hub id, smollm2-135m-instruct (embedded default) "
+                   "or tiny-qwen3 (a tiny offline model), as triage-grpo's --model_name_or_path")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS, help=f"comma-separated, from: {DEFAULT_BENCHMARKS}")
     p.add_argument("--data-dir", default=None,
                    help="folder holding <benchmark>/test.jsonl files (e.g. data/gsm8k/test.jsonl); omit to load the "
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     results_json = os.path.join(args.output_dir, "results.json")
     print(f"results: {results_json}")
     if args.to_card is not None:
-        from ..trainer.model_card import add_eval_results_to_card
+        from .card import add_eval_results_to_card
 
         add_eval_results_to_card(args.to_card, results_json)
         print(f"card: {os.path.join(args.to_card, 'README.md')} (model-index and Evaluation table)")

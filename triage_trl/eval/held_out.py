@@ -87,7 +87,7 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     """
     from vllm import SamplingParams
 
-    from ..rewards import verified_answer_reward
+    from ..answers.rewards import verified_answer_reward
 
     tokenizer = trainer.processing_class
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]

@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..answers import check_answer
-from ..preflight import check_model_source
+from ..models import resolve_model
+from ..runtime.preflight import check_model_source
 from ..runtime import vllm_process_settings
-from .benchmarks import BENCHMARKS, Problem, load_benchmark
+from .benchmarks import BENCHMARK_RECORDS, Problem, load_benchmark
 from .metrics import summarize
 from .prompting import build_messages, render_prompt
 
@@ -153,18 +154,10 @@ def _read_records(path: Path) -> dict[str, dict]:
     return records
 
 
-def _resolve_model(model: str) -> str:
-    try:
-        from ..models import resolve_model_path
-    except ImportError:  # the embedded-default loader is optional here; plain folders and Hub ids pass through
-        return model
-    return resolve_model_path(model)
-
-
 def _check_settings(names: list[str], *, n: int, temperature: float, backend: str, precision: str) -> None:
     for b in names:
-        if b not in BENCHMARKS:
-            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARKS)}")
+        if b not in BENCHMARK_RECORDS:
+            raise ValueError(f"unknown benchmark {b!r}; choose from {', '.join(BENCHMARK_RECORDS)}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if temperature < 0:
@@ -201,8 +194,8 @@ def evaluate(
     """Evaluate ``model`` on math ``benchmarks``: greedy pass@1, or avg@n and unbiased pass@k when ``n > 1``.
 
     Args:
-        model: a model folder, a Hub id, or ``"smollm2-135m-instruct"`` (the embedded default,
-            ``triage_trl.models``).
+        model: a model folder, a Hub id, ``"smollm2-135m-instruct"`` (the embedded default) or ``"tiny-qwen3"``
+            (built offline into the model cache): :func:`triage_trl.models.resolve_model`, as ``triage-grpo``.
         benchmarks: names from ``BENCHMARKS`` (a list, or one comma-separated string).
         data_dir: folder of local ``<benchmark>/test.jsonl`` files; ``None`` loads the Hub datasets.
         precision: ``"bf16"`` or ``"nvfp4"`` (see ``triage_trl.eval.backends``).
@@ -241,7 +234,7 @@ def evaluate(
         _check_config(out, config, write=False)
 
     # Every input is checked before anything is written: a refused run leaves no config.json behind.
-    model_path = _resolve_model(str(model))
+    model_path = resolve_model(str(model))
     if engine is None:
         check_model_source(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

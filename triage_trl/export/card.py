@@ -6,13 +6,11 @@ Rendered from ``triage_trl/templates/nvfp4_export_card.md`` with ``huggingface_h
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import ModelCard
 
-from .. import __version__
-from ..trainer.model_card import TRIAGE_BIBTEX, base_model_info, md_cell
+from ..hub.card import TRIAGE_BIBTEX, base_model_info, card_data, md_cell, render_card
 from .source import ExportSource
 
 logger = logging.getLogger(__name__)
@@ -22,7 +20,7 @@ EXPORT_TAGS = ["triage", "trl", "grpo", "nvfp4", "compressed-tensors", "vllm"]
 
 def run_card_metadata(source: ExportSource) -> dict:
     """``{"base_model", "license", "datasets"}`` of the run: from its own card when it has one, else from the model
-    its record names (``trainer.model_card.base_model_info``, no network); missing values are ``None``."""
+    its record names (``hub.card.base_model_info``, no network); missing values are ``None``."""
     meta = {"base_model": None, "license": None, "datasets": None}
     if source.run_card is not None:
         data = ModelCard.load(source.run_card, ignore_metadata_errors=True).data
@@ -64,23 +62,14 @@ def export_card(
     base = base_model or meta["base_model"]
     if base is None:
         logger.warning("The export's card has no base_model: the run names no Hub model (pass --base-model ID).")
-    data = ModelCardData(
-        base_model=base,
-        base_model_relation="quantized" if base else None,
-        datasets=meta["datasets"],
-        library_name="transformers",
-        license=meta["license"],
-        model_name=model_name,
-        pipeline_tag="text-generation",
-        tags=EXPORT_TAGS,
-    )
+    data = card_data(base_model=base, base_model_relation="quantized" if base else None, datasets=meta["datasets"],
+                     license=meta["license"], model_name=model_name, tags=EXPORT_TAGS)
     weights = source.checkpoint or "final weights"
     if source.step is not None:
         weights += f", step {source.step}"
-    template = importlib.resources.files("triage_trl").joinpath("templates/nvfp4_export_card.md").read_text("utf-8")
-    return ModelCard.from_template(
+    return render_card(
+        "nvfp4_export_card.md",
         data,
-        template_str=template,
         model_name=model_name,
         run_name=source.run_dir.resolve().name,
         weights_label=weights,
@@ -90,6 +79,5 @@ def export_card(
         bf16_layers=len(selection.kept_layers),
         nvfp4_settings=md_cell(", ".join(f"{k}={v!r}" for k, v in nvfp4_settings.items())),
         calibration=md_cell(calibration),
-        triage_trl_version=__version__,
         citation=TRIAGE_BIBTEX,
     )

@@ -177,7 +177,7 @@ def _write(source: ExportSource, tmp: Path, out: Path, repo_id, base_model, max_
     from huggingface_hub import save_torch_state_dict
 
     from ..nvfp4.calibration import calibrate_input_global_scales
-    from ..nvfp4.export import iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
+    from ..nvfp4.checkpoint_tensors import iter_nvfp4_checkpoint_weights, nvfp4_quantization_config
     from ..nvfp4.selection import nvfp4_layer_selection
     from ..sampler.vllm_engine import sampler_tensors, write_engine_checkpoint
 

@@ -1,7 +1,7 @@
 """The stability lab's configurations and scale presets (``docs/stability.md``).
 
 A configuration is a name, a one-line description and overrides of ``TriageGRPOConfig`` applied on top of the
-demo's config (:func:`triage_trl.demo.build_config`: CPU, colocated vLLM, DAPO loss, beta 0.04, constant learning
+demo's config (:func:`triage_trl.runs.build_config`: CPU, colocated vLLM, DAPO loss, beta 0.04, constant learning
 rate). Every configuration logs the ``triage/`` metrics (``triage_mode`` is ``"diagnose"`` or ``"full"``), so the
 learner-sampler mismatch (``triage/k3_kl``, nats/token) is measured the same way in all of them; ``diagnose``
 keeps every TRIAGE weight at 1 (plain GRPO loss, or TRL's correction when it is requested).
@@ -141,7 +141,7 @@ SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "
                 "eval_every", "eval_samples", "num_iterations", "probe_every")
 
 SCALES: dict[str, dict] = {
-    # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.demo.DEMO_DEFAULTS`,
+    # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.runs.DEMO_DEFAULTS`,
     # tested equal: 12 steps of 2 prompts x 8 completions, LoRA rank 16 at lr 1e-4, 32 tokens, T 0.7), held-out
     # accuracy on 128 items (32 resolve nothing: one item is 3 points) at steps 0 and 12. With the task's one-shot
     # example showing a negative answer, bf16 GRPO gains in this budget on 3 of 3 seeds (docs/stability.md, "A prompt
@@ -293,7 +293,7 @@ def build_trainer_config(name: str, settings: dict, output_dir: str, seed: int, 
         KeyError: unknown configuration or dose; ValueError: a missing or superfluous dose, or a combination
         ``TriageGRPOConfig`` refuses.
     """
-    from ..demo import build_config
+    from ..runs import build_config
 
     config = lab_config(name)
     if config.uses_nvfp4 != (dose is not None):

@@ -15,7 +15,7 @@ import torch
 
 from ..objective.order_statistic import kth_smallest, order_statistic_rank
 from ..objective.steps import QUADRANTS, direction_quadrants, measure_gap
-from ..triage_config import TriageConfig
+from ..objective.config import TriageConfig
 from .metrics import paired_bootstrap  # noqa: F401  (re-exported: E1's paired intervals)
 
 ARMS: dict[str, str] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..run_logs import log_series
+from ..runtime.run_logs import log_series
 
 SPIKE_FACTOR = 3.0
 """A grad-norm spike: ``grad_norm`` above ``SPIKE_FACTOR`` x the median of the run's previous steps' grad norms..."""

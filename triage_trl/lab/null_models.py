@@ -97,7 +97,7 @@ def segment_tail_counts(learner: torch.Tensor, sampler: torch.Tensor, advantages
 
     Args:
         learner, sampler: (B, T) log-probs (nats); advantages: (B,); mask: (B, T);
-        segments: (B, T) segment index per position (``triage_trl.segments.segment_ids``).
+        segments: (B, T) segment index per position (``triage_trl.objective.segments.segment_ids``).
 
     Returns:
         ``(lengths, counts)``: one entry per segment holding at least one diagnosed token.

@@ -14,13 +14,20 @@ OVERLAY_PANELS = (("reward", "Training reward (mean over completions)", "reward 
                   ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"))
 
 
-def seed_band(histories: list[list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
-    """``(steps, mean, min, max)`` of ``key`` over seeds at each step any seed logged (finite values only)."""
+def seed_values_by_step(histories: list[list[dict]], key: str) -> dict[int, list[float]]:
+    """``{step: [the finite values of key, one per seed that logged it]}``: the lab's one per-step aggregation over
+    seeds (the figures' bands and the observations' means)."""
     by_step: dict[int, list[float]] = {}
     for history in histories:
         for step, value in zip(*step_series(history, key)):
             if math.isfinite(value):
                 by_step.setdefault(step, []).append(value)
+    return by_step
+
+
+def seed_band(histories: list[list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """``(steps, mean, min, max)`` of ``key`` over seeds at each step any seed logged (finite values only)."""
+    by_step = seed_values_by_step(histories, key)
     steps = sorted(by_step)
     return (steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
             [max(by_step[s]) for s in steps])

@@ -21,11 +21,11 @@ import json
 import math
 import os
 
-from ..run_logs import read_jsonl, read_log_history
+from ..runtime.run_logs import read_log_history, read_records
 from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
 from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_metrics,
                       step_series)
-from .plots import write_observations, write_overlay
+from .plots import seed_values_by_step, write_observations, write_overlay
 
 RESULTS = "results.md"
 OBSERVED_CONFIG = "nvfp4_naive"
@@ -33,12 +33,12 @@ OBS_FIRST_STEPS = 5
 """The "first steps" of the observations: NA vs PA tail counts are totalled over steps 1..OBS_FIRST_STEPS."""
 BASELINE_CONFIG, GOAL_CONFIG = "bf16", "triage"
 GOAL_RATIO = 0.98
-"""The goal at each dose (issue 15): TRIAGE's final held-out accuracy >= GOAL_RATIO x bf16's (means over seeds), no
+"""The goal at each dose (the lab's first goal line): TRIAGE's final held-out accuracy >= GOAL_RATIO x bf16's (means over seeds), no
 collapsed seed, and above naive NVFP4."""
 
 
 def load_history(run_dir: str) -> list[dict]:
-    """A run's log records (``triage_trl.runs.read_log_history``), or ``[]`` for a run that logged nothing."""
+    """A run's log records (``triage_trl.runtime.run_logs.read_log_history``), or ``[]`` for a run that logged nothing."""
     try:
         return read_log_history(run_dir)
     except FileNotFoundError:
@@ -59,7 +59,7 @@ def load_runs(lab_dir: str) -> dict[str, list[dict]]:
                  else os.path.basename(os.path.dirname(run_dir)))
         runs.setdefault(label, []).append({"seed": summary.get("seed"), "dir": run_dir, "summary": summary,
                                            "history": history, "metrics": run_metrics(summary, history),
-                                           "probe": read_jsonl(os.path.join(run_dir, "fixed_probe.jsonl"))})
+                                           "probe": read_records(os.path.join(run_dir, "fixed_probe.jsonl"))})
     known = [run_label(c, d) for c in CONFIGS for d in (None, *DOSES)]
     order = [c for c in known if c in runs] + sorted(c for c in runs if c not in known)
     return {c: sorted(runs[c], key=lambda r: (r["seed"] is None, r["seed"])) for c in order}
@@ -189,7 +189,7 @@ def dose_report(runs: dict[str, list[dict]], dose: str) -> dict:
 
 def _dose_md(runs: dict[str, list[dict]], doses: list[str]) -> list[str]:
     lines = ["## Per dose, against bf16", "",
-             f"Goal (issue 15): `{GOAL_CONFIG}` ends at >= {GOAL_RATIO:g}x `{BASELINE_CONFIG}`'s final held-out "
+             f"Goal: `{GOAL_CONFIG}` ends at >= {GOAL_RATIO:g}x `{BASELINE_CONFIG}`'s final held-out "
              "accuracy (means over seeds), no collapsed seed, and above `nvfp4_naive`. k3: learner-sampler "
              "`triage/k3_kl`, nats/token, mean over seeds at the first and last step and over all steps.", ""]
     for dose in doses:
@@ -223,12 +223,7 @@ def observations(histories: list[list[dict]], first_steps: int = OBS_FIRST_STEPS
         1..``first_steps`` (mean over seeds); ``concentration_mean``: mean of the per-step concentration.
     """
     def mean_by_step(key):
-        by_step: dict[int, list[float]] = {}
-        for history in histories:
-            for step, value in zip(*step_series(history, key)):
-                if math.isfinite(value):
-                    by_step.setdefault(step, []).append(value)
-        return {s: sum(v) / len(v) for s, v in by_step.items()}
+        return {s: sum(v) / len(v) for s, v in seed_values_by_step(histories, key).items()}
 
     na, pa = mean_by_step("triage/tail_count_NA"), mean_by_step("triage/tail_count_PA")
     conc = mean_by_step("triage/tail_concentration")

@@ -32,8 +32,10 @@ import shutil
 import time
 import traceback
 
-from ..run_logs import LOG_HISTORY, read_jsonl, read_log_history
-from ..runs import HeldOutEvaluator, LogHistoryWriter, finish_run, resolve_model, train_with_held_out
+from ..runtime.run_logs import LOG_HISTORY, read_records, read_log_history
+from ..runs import (HeldOutEvaluator, LogHistoryWriter, build_recipe_trainer, finish_run, resolve_model,
+                    train_with_held_out)
+from ..runs import recipe_datasets as load_datasets  # noqa: F401  (the lab's name for the recipe's data sets)
 from ..runtime import vllm_process_settings
 from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
                       run_label, sibling_run_path)
@@ -46,7 +48,7 @@ HELD_OUT = "held_out.jsonl"
 def keep_records_up_to(path: str, step: int) -> None:
     """Rewrite a jsonl log keeping the records of steps ``<= step`` (and those without a step): a run resumed from
     the checkpoint of ``step`` logs the later steps again."""
-    records = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+    records = [r for r in read_records(path) if r.get("step", 0) <= step]
     if os.path.exists(path):
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, default=float) + "\n" for r in records)
@@ -56,79 +58,6 @@ def keep_records_up_to(path: str, step: int) -> None:
 def _append_jsonl(path: str, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=float) + "\n")
-
-
-def load_datasets(settings: dict, seed: int, calibration_size: int):
-    """``(train, held_out, calibration)`` for the run's task.
-
-    ``reasoning_gym``: items of :data:`~triage_trl.data.DEFAULT_TASK` (``chain_sum_2d``, ``chain_lines``: the
-    :data:`LARGE_TASKS`, with a held-out slice disjoint from training) with seed ``TRAIN_SEED + seed``; the held-out
-    slice uses ``HELD_OUT_SEED`` (the same items for every run). ``gsm8k``: the train split (shuffled with ``seed``)
-    and the first ``eval_size`` rows of the test split after a ``HELD_OUT_SEED`` shuffle. ``calibration``: the
-    NVFP4 calibration prompts, ``calibration_size`` training items drawn with ``CALIBRATION_SEED`` whatever ``seed``
-    (the first items of seed 0's training set), so every seed's sampler gets the same activation scales.
-
-    Raises:
-        ValueError: another task.
-    """
-    from ..data import CALIBRATION_SEED, HELD_OUT_SEED, TRAIN_SEED, gsm8k_dataset, reasoning_gym_dataset
-
-    if settings["task"] in ("reasoning_gym", *LARGE_TASKS):
-        from ..data.reasoning_gym import RG_ARITHMETIC_EXAMPLE
-
-        large = settings["task"] in LARGE_TASKS
-        task, example = _large_task(settings["task"]) if large else (None, RG_ARITHMETIC_EXAMPLE)
-        train = reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + seed, example=example)
-        held_out = reasoning_gym_dataset(task, size=settings["eval_size"] * (2 if large else 1), seed=HELD_OUT_SEED,
-                                         example=example)
-        if large:  # the held-out slice keeps only items no training seed of the lab draws
-            held_out = disjoint_held_out(held_out, settings, task, example, settings["eval_size"])
-        return (train, held_out,
-                reasoning_gym_dataset(task, size=calibration_size, seed=CALIBRATION_SEED, example=example))
-    if settings["task"] == "gsm8k":
-        source = settings.get("data_path") or "openai/gsm8k"
-        return (gsm8k_dataset(source, split="train", size=settings["train_size"], seed=seed),
-                gsm8k_dataset(source, split="test", size=settings["eval_size"], seed=HELD_OUT_SEED),
-                gsm8k_dataset(source, split="train", size=calibration_size, seed=CALIBRATION_SEED))
-    raise ValueError(f"task={settings['task']!r} is not supported by the lab: use 'reasoning_gym', 'chain_sum_2d', "
-                     "'chain_lines' or 'gsm8k'.")
-
-
-LARGE_TASKS = ("chain_sum_2d", "chain_lines")
-"""Lab tasks with a large item space (``triage_trl.data.reasoning_gym``: ``TWO_DIGIT_TASK``, ``CHAIN_LINES_TASK``):
-their held-out slice is disjoint from the training items (:func:`disjoint_held_out`)."""
-
-
-def _large_task(name: str) -> tuple[dict, tuple[str, str]]:
-    from ..data.reasoning_gym import CHAIN_LINES_EXAMPLE, CHAIN_LINES_TASK, RG_ARITHMETIC_EXAMPLE, TWO_DIGIT_TASK
-
-    return {"chain_sum_2d": (TWO_DIGIT_TASK, RG_ARITHMETIC_EXAMPLE),
-            "chain_lines": (CHAIN_LINES_TASK, CHAIN_LINES_EXAMPLE)}[name]
-
-
-LAB_SEEDS_CHECKED = 8
-"""``chain_lines``: the held-out slice leaves out the items of the training sets of seeds 0..7 (any lab seed below 8
-trains on none of its held-out items)."""
-
-
-def disjoint_held_out(held_out, settings: dict, task: dict, example, size: int):
-    """The first ``size`` rows of ``held_out`` whose prompt is in none of the training sets of seeds
-    ``0..LAB_SEEDS_CHECKED - 1``.
-
-    Raises:
-        ValueError: fewer than ``size`` such rows (the item space is too small for a disjoint slice).
-    """
-    from ..data import TRAIN_SEED, reasoning_gym_dataset
-
-    seen = set()
-    for s in range(LAB_SEEDS_CHECKED):
-        seen.update(repr(p) for p in reasoning_gym_dataset(task, size=settings["train_size"], seed=TRAIN_SEED + s,
-                                                             example=example)["prompt"])
-    keep = [i for i, p in enumerate(held_out["prompt"]) if repr(p) not in seen][:size]
-    if len(keep) < size:
-        raise ValueError(f"Only {len(keep)} of {len(held_out)} held-out items are outside the training items: lower "
-                         f"--eval-size (now {size}) or --train-size.")
-    return held_out.select(keep)
 
 
 FIXED_PROBE = "fixed_probe.jsonl"
@@ -200,7 +129,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
     summary = {"config": config.name, "dose": dose, "description": config.description, "seed": seed,
                "settings": {k: settings.get(k) for k in ("scale", *SETTING_KEYS)},
                "overrides": {**settings.get("trainer_overrides", {}), **config.overrides, **dose_overrides},
-               "held_out": read_jsonl(os.path.join(run_dir, HELD_OUT)) if resume else [], "status": "running",
+               "held_out": read_records(os.path.join(run_dir, HELD_OUT)) if resume else [], "status": "running",
                "resumed_from_step": resumed_step}
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
@@ -211,9 +140,6 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
 
     try:
-        from ..demo import demo_rewards, lora_config
-        from ..trainer import TriageGRPOTrainer
-
         with vllm_process_settings():
             model_path = resolve_model(settings.get("model"), run_dir)
             summary["model"] = model_path
@@ -223,14 +149,11 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
                 summary["learning_rate_scale"] = {"from": run_label(config.learning_rate_from, dose), "scale": scale}
             args = build_trainer_config(config.name, settings, run_dir, seed, settings.get("trainer_overrides"), dose,
                                         learning_rate_scale=scale)
-            train, held_out, calibration = load_datasets(settings, seed, args.nvfp4_calibration_prompts)
+            trainer, train, held_out = build_recipe_trainer(model_path, args, settings, seed,
+                                                            callbacks=[LogHistoryWriter(run_dir)])
+            timings["startup_seconds"] = time.perf_counter() - start
             from ..eval.held_out import shared_prompts
 
-            trainer = TriageGRPOTrainer(model=model_path, reward_funcs=demo_rewards(), args=args,
-                                        train_dataset=train, calibration_dataset=calibration,
-                                        callbacks=[LogHistoryWriter(run_dir)],
-                                        peft_config=lora_config(settings.get("lora_rank") or 0))
-            timings["startup_seconds"] = time.perf_counter() - start
             summary["held_out_items"] = len(held_out)
             summary["held_out_shared_with_train"] = shared_prompts(held_out, train)
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],

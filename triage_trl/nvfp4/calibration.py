@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from ..progress import progress
+from ..runtime.progress import progress
 from .experts import NVFP4EmulatedExperts, experts_forward, iter_moe_experts
 from .modules import base_linear, fused_group, iter_logical_linears
 from .numerics import global_scale_from_amax

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from ..runtime.validators import check_choice, check_integer_at_least
 from .recipes import RECIPES, Recipe
 
 Precision = Literal["bf16", "nvfp4"]
@@ -159,17 +160,17 @@ class NVFP4Config:
             ValueError: naming the first bad field.
         """
         for name in ("learner_precision", "sampler_precision"):
-            _choice(name, getattr(self, name), PRECISIONS)
-        _choice("nvfp4_recipe", self.nvfp4_recipe, RECIPES)
+            check_choice(name, getattr(self, name), PRECISIONS)
+        check_choice("nvfp4_recipe", self.nvfp4_recipe, RECIPES)
         for name in ("nvfp4_keep_first_blocks", "nvfp4_keep_last_blocks"):
-            _integer_at_least(name, getattr(self, name), 0)
-        _integer_at_least("nvfp4_calibration_prompts", self.nvfp4_calibration_prompts, 1)
+            check_integer_at_least(name, getattr(self, name), 0)
+        check_integer_at_least("nvfp4_calibration_prompts", self.nvfp4_calibration_prompts, 1)
         _regexes("nvfp4_exclude_patterns", self.nvfp4_exclude_patterns)
         if self.nvfp4_learner_scales is not None:
-            _choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
-        _choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
-        _choice("nvfp4_learner_kernel", self.nvfp4_learner_kernel, get_args(LearnerKernel))
-        _choice("nvfp4_sampler_kernel", self.nvfp4_sampler_kernel, get_args(SamplerKernel))
+            check_choice("nvfp4_learner_scales", self.nvfp4_learner_scales, get_args(LearnerScales))
+        check_choice("nvfp4_emulation_dtype", self.nvfp4_emulation_dtype, get_args(EmulationDtype))
+        check_choice("nvfp4_learner_kernel", self.nvfp4_learner_kernel, get_args(LearnerKernel))
+        check_choice("nvfp4_sampler_kernel", self.nvfp4_sampler_kernel, get_args(SamplerKernel))
         if self.nvfp4_sampler_kernel == "weight_only" and self.sampler_precision != "nvfp4":
             raise ValueError(
                 "nvfp4_sampler_kernel='weight_only' chooses the NVFP4 sampler's kernel (and makes the learner "
@@ -182,7 +183,7 @@ class NVFP4Config:
                 f"nvfp4_learner_kernel='native' cannot run this recipe: {'; '.join(blockers)}. Set "
                 "nvfp4_learner_kernel='emulated' (or 'auto'), or change the settings named."
             )
-        _choice("nvfp4_moe_experts", self.nvfp4_moe_experts, get_args(MoEExperts))
+        check_choice("nvfp4_moe_experts", self.nvfp4_moe_experts, get_args(MoEExperts))
         if self.nvfp4_learner_scales == "sampler" and self.sampler_precision != "nvfp4":
             raise ValueError(
                 "nvfp4_learner_scales='sampler' mirrors the NVFP4 sampler's scales, but sampler_precision="
@@ -236,16 +237,6 @@ class NVFP4Config:
         settings = {name: getattr(self, name) for name in NVFP4Config.__dataclass_fields__}
         settings["nvfp4_learner_scales"] = self.resolved_nvfp4_learner_scales
         return settings
-
-
-def _choice(name, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is invalid: it must be one of {', '.join(map(repr, allowed))}.")
-
-
-def _integer_at_least(name, value, lo) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")
 
 
 def _regexes(name, patterns) -> None:

@@ -3,6 +3,8 @@ straight-through backward), with torchao's dynamic recipe or the vLLM sampler's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,6 +74,43 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
         return grad_x, grad_w, None, grad_b, None, None, None, None
 
 
+@dataclass(frozen=True)
+class EmulationOptions:
+    """How the emulated NVFP4 layers compute, read once from an ``NVFP4Config`` (:meth:`from_config`) and given to
+    ``NVFP4EmulatedLinear.from_linear`` and ``NVFP4EmulatedExperts.from_experts`` (``**options.layer_kwargs(...)``).
+
+    Attributes:
+        compute_dtype: GEMM dtype (``None``: the input's).
+        compiled: use the compiled fake-quantisers (``nvfp4_fake_quantize``); the same bits either way.
+        cache_weights: keep the fake-quantised weight until the model's weight generation advances.
+        four_over_six: "4 over 6" weight block scales, as the export's (``numerics.quantize_torchao``).
+        quantize_input: quantise the input (W4A4); ``False`` is W4A16 (linears only; experts always run W4A4).
+    """
+
+    compute_dtype: torch.dtype | None = None
+    compiled: bool = True
+    cache_weights: bool = True
+    four_over_six: bool = False
+    quantize_input: bool = True
+
+    @classmethod
+    def from_config(cls, config, device_type: str = "cpu") -> EmulationOptions:
+        """The options of ``config`` (an ``NVFP4Config``) for a layer on ``device_type``
+        (``resolved_nvfp4_emulation_dtype``: ``"bf16"`` or ``"fp32"``)."""
+        return cls(compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(device_type)],
+                   compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache,
+                   four_over_six=config.nvfp4_four_over_six, quantize_input=config.quantizes_activations)
+
+    def layer_kwargs(self, *, experts: bool = False) -> dict:
+        """The keyword arguments of ``from_linear`` (``experts=False``) or ``from_experts`` (no ``quantize_input``)."""
+        kwargs = {"compute_dtype": self.compute_dtype, "compiled": self.compiled, "cache_weights": self.cache_weights,
+                  "four_over_six": self.four_over_six}
+        return kwargs if experts else {**kwargs, "quantize_input": self.quantize_input}
+
+
+_COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 class NVFP4EmulatedLinear(nn.Linear):
     """``nn.Linear`` computing NVFP4 W4A4 by fake quantisation, with high-precision master weights.
 
@@ -90,7 +129,7 @@ class NVFP4EmulatedLinear(nn.Linear):
 
     Scales (``nvfp4_learner_scales`` of ``convert_to_nvfp4_learner``'s config): ``"dynamic"`` as above (torchao's
     recipe);
-    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.export``): the weight's
+    ``"sampler"`` mirrors the vLLM sampler's NVFP4 checkpoint (``triage_trl.nvfp4.checkpoint_tensors``): the weight's
     per-tensor scale is the export's power-of-two scale of its vLLM-fused group (q/k/v, gate/up:
     ``weight_scale_group``, the group's layers, whose weights are read at each quantisation), and the activations
     use the sampler's static calibrated scale

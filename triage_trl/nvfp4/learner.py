@@ -26,9 +26,9 @@ import logging
 import torch
 from torch import nn
 
-from ..progress import progress
+from ..runtime.progress import progress
 from .config import NVFP4Config
-from .emulated import NVFP4EmulatedLinear, NVFP4WeightGeneration
+from .emulated import EmulationOptions, NVFP4EmulatedLinear, NVFP4WeightGeneration
 from .experts import NVFP4EmulatedExperts, iter_moe_experts, native_nvfp4_experts_available
 from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears
 from .native import NATIVE_MULTIPLE, apply_native, choose_learner_path, native_nvfp4_available
@@ -47,9 +47,6 @@ __all__ = [
     "native_nvfp4_available",
     "set_sampler_input_scales",
 ]
-
-_COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
 
 def set_sampler_input_scales(model: nn.Module, input_global_scales: dict[str, torch.Tensor]) -> int:
     """Give the emulated NVFP4 layers of ``model`` the sampler's static activation scales.
@@ -146,11 +143,9 @@ def convert_to_nvfp4_learner(
             native_names.add(name)
             continue
         parent, attr = _owner_of_base(root, name, module)
-        compute_dtype = _COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(lin.weight.device.type)]
-        setattr(parent, attr, NVFP4EmulatedLinear.from_linear(
-            lin, name=name, compute_dtype=compute_dtype,
-            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
-            four_over_six=config.nvfp4_four_over_six, quantize_input=config.quantizes_activations))
+        options = EmulationOptions.from_config(config, lin.weight.device.type)
+        setattr(parent, attr, NVFP4EmulatedLinear.from_linear(lin, name=name, generation=generation,
+                                                              **options.layer_kwargs()))
     if native_names:
         _apply_native(root, linears, native_names)
     _convert_experts(root, selection, config, generation, native)
@@ -176,10 +171,8 @@ def _convert_experts(root: nn.Module, selection: NVFP4LayerSelection, config: NV
     for name, experts in targets:
         parent_name, _, attr = name.rpartition(".")
         setattr(root.get_submodule(parent_name) if parent_name else root, attr, NVFP4EmulatedExperts.from_experts(
-            experts, name=name, weight_scales=config.resolved_nvfp4_learner_scales,
-            compute_dtype=_COMPUTE_DTYPES[config.resolved_nvfp4_emulation_dtype(experts.gate_up_proj.device.type)],
-            compiled=config.nvfp4_compile, cache_weights=config.nvfp4_weight_cache, generation=generation,
-            four_over_six=config.nvfp4_four_over_six))
+            experts, name=name, weight_scales=config.resolved_nvfp4_learner_scales, generation=generation,
+            **EmulationOptions.from_config(config, experts.gate_up_proj.device.type).layer_kwargs(experts=True)))
 
 
 def invalidate_nvfp4_weight_caches(model: nn.Module, *, trainable_only: bool = False) -> int:

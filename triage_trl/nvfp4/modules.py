@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..models.blocks import hf_model  # the PEFT unwrap lives with the block walk; re-exported for nvfp4's modules
+
 __all__ = [
     "block_index",
     "fused_group",
@@ -29,12 +31,6 @@ _FUSED_SIBLINGS = {
     "gate_proj": "gate_up_proj",
     "up_proj": "gate_up_proj",
 }
-
-
-def hf_model(model: nn.Module) -> nn.Module:
-    """The transformers model under a ``peft.PeftModel`` (``get_base_model()``), else ``model``."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
 
 
 def is_lora_layer(module: nn.Module) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..triage_config import TriageConfig
+from .config import TriageConfig
 from . import steps
 from .controls import direction_blind_weights, touched_tokens
 from .metrics import Diagnosis, triage_metrics

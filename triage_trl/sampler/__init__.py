@@ -1,5 +1,5 @@
 """The TRIAGE sampler: a colocated vLLM engine (bf16 or NVFP4) kept in sync with the learner."""
 
-from .engine import SAMPLER_PRECISIONS, TriageVLLMGeneration
+from .vllm_generation import SAMPLER_PRECISIONS, TriageVLLMGeneration
 
 __all__ = ["SAMPLER_PRECISIONS", "TriageVLLMGeneration"]

@@ -14,7 +14,7 @@ from trl import GRPOConfig
 
 from ..nvfp4.config import NVFP4Config
 from ..nvfp4.native import check_native_padding
-from ..triage_config import TriageConfig
+from ..objective.config import TriageConfig
 from .distributed import check_launch, check_process_count
 from .sampling_rules import check_comparable_sampling, check_generation_kwargs
 

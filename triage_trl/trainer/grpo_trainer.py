@@ -25,9 +25,9 @@ from trl import GRPOTrainer
 
 from ..objective import METRIC_NAMES, triage_weights
 from ..objective.zero_signal import zero_reward_spread
-from ..run_folder import refuse_existing_run
+from ..runtime.run_folder import refuse_existing_run
 from ..runtime import check_learner_dtype, compute_dtype_reason
-from ..segments import build_newline_table, segment_ids
+from ..objective.segments import build_newline_table, segment_ids
 from .checkpoints import atomic_checkpoint, remove_partials, resolve_resume
 from .distributed import per_rank, sampler_checkpoint_dir
 from .grpo_config import TriageGRPOConfig
@@ -73,8 +73,9 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     Raises:
         ValueError: ``calibration_dataset`` has no row or no ``prompt`` column.
-        triage_trl.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run holds.
-        triage_trl.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
+        triage_trl.runtime.run_folder.OutputFolderError: a read-only or full ``output_dir``, or one another live run
+            holds.
+        triage_trl.runtime.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
         TypeError: ``args`` is not a ``TriageGRPOConfig``.
         NotImplementedError: TRIAGE with a ``rollout_func`` (TRL scores custom rollouts without the sampler
             log-probs TRIAGE needs on every path).
@@ -151,7 +152,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         Each sampler it builds is appended to ``built``, so the trainer can check TRL used it."""
         if not args.use_vllm:
             return None
-        from ..sampler.engine import TriageVLLMGeneration
+        from ..sampler.vllm_generation import TriageVLLMGeneration
 
         make = functools.partial(
             TriageVLLMGeneration,
@@ -333,10 +334,16 @@ class TriageGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's GRPO loss with TRIAGE's detached (B, T) weights in the place of TRL's importance-sampling ratio
-        (``inputs["importance_sampling_ratio"]``, which TRL's ``_compute_loss`` multiplies into the per-token loss),
-        or, in diagnose mode with TRL's correction on, TRL's own ratio (TRIAGE only measures). Replaces nothing else:
-        TRL's clipping, KL, entropy terms, aggregation and metrics run unchanged.
+        """TRL's ``GRPOTrainer.compute_loss`` with TRIAGE's per-token weights in place of TRL's importance-sampling
+        ratio (the public seam of ``docs/trainer.md``).
+
+        TRL's loss multiplies its per-token policy-gradient loss by ``inputs["importance_sampling_ratio"]`` (its vLLM
+        importance-sampling correction, ``vllm_importance_sampling_correction``) before its own aggregation. When
+        ``triage_replaces_trl_ratio`` (TRIAGE on, TRL's correction off) that entry is replaced by TRIAGE's detached
+        (B, T) weights (:func:`triage_trl.objective.triage_weights`; all 1 with ``triage_mode="diagnose"``, which only
+        logs the statistics); with ``"off"`` nothing is computed. The zero-signal mark that the generation batch carries
+        is removed from ``inputs`` before TRL sees them. Arguments and return value are TRL's; TRL's clipping, KL,
+        entropy terms, aggregation and metrics run unchanged.
 
         The learner log-probs TRIAGE compares with the sampler's are TRL's rollout-time ones
         (``old_per_token_logps``), or, when the batch has none because the trainer skipped that forward
@@ -443,8 +450,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         ``True``, a run folder or a ``checkpoint-N`` path; incomplete ones are skipped with a warning).
 
         Raises:
-            triage_trl.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run before this
-                trainer was built.
+            triage_trl.runtime.run_folder.OutputFolderError: not resuming, into an ``output_dir`` that held a run
+                before this trainer was built.
             ValueError: ``resume_from_checkpoint`` set but no complete checkpoint found.
         """
         resume = resolve_resume(resume_from_checkpoint, self.args.output_dir)

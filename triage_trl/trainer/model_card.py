@@ -3,53 +3,25 @@
 :func:`build_model_card` renders ``triage_trl/templates/model_card.md`` (TRL's ``lm_model_card.md`` layout) with
 metadata the Hub reads: ``base_model`` (the Hub id, also for local copies that carry a
 :data:`~triage_trl.models.SOURCE_FILE` marker), ``license``, ``datasets``, ``pipeline_tag``, ``library_name``, ``tags``
-and, once :func:`add_eval_results_to_card` has added ``triage-eval`` results, a ``model-index``. The body holds the
-TRIAGE section (:func:`triage_card_section`): settings, kernels that ran, and the mismatch at the first and last
-logged step, labelled with the ``step`` of the training logs. Every markdown table cell goes through :func:`md_cell`.
+and, once ``triage-eval --to-card`` has added results (``triage_trl/eval/card.py``), a ``model-index``. The body holds
+the TRIAGE section (:func:`triage_card_section`): settings, kernels that ran, and the mismatch at the first and last
+logged step, labelled with the ``step`` of the training logs. What the cards share (citations, :func:`md_cell`, the
+base model and license, the Hub metadata) is ``triage_trl/hub/card.py``.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import json
 import logging
 import math
 import os
-import re
-import textwrap
-from importlib.metadata import PackageNotFoundError, version
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard
 
-from .. import __version__
+from ..hub.card import TRIAGE_PAPER, base_model_info, card_data, md_cell, md_row, package_version, render_card
+
+__all__ = ["TRIAGE_PAPER", "build_model_card", "mismatch_summary", "trainer_model_card", "triage_card_section"]
 
 logger = logging.getLogger(__name__)
-
-TRIAGE_BIBTEX_KEY = "triage2026nvfp4"
-"""The one citation key of the TRIAGE paper (README, ``CITATION.cff`` and cards)."""
-
-TRIAGE_BIBTEX = textwrap.dedent(f"""\
-    @article{{{TRIAGE_BIBTEX_KEY},
-      title   = {{{{TRIAGE: Direction-Aware Mismatch Stabilization of Native NVFP4 Reinforcement Learning}}}},
-      journal = {{arXiv preprint arXiv:2610.07043}},
-      eprint  = {{2610.07043}},
-      year    = {{2026}}
-    }}""")
-
-GRPO_BIBTEX = textwrap.dedent("""\
-    @article{shao2024deepseekmath,
-      title   = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
-      author  = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
-      journal = {arXiv preprint arXiv:2402.03300},
-      year    = {2024}
-    }""")
-
-TRIAGE_PAPER = {
-    "title": "TRIAGE: Direction-Aware Mismatch Stabilization of Native NVFP4 Reinforcement Learning",
-    "id": "2610.07043",
-    "citation": f"{TRIAGE_BIBTEX}\n\n{GRPO_BIBTEX}",
-}
-"""TRL's ``_paper`` dict of :class:`TriageGRPOTrainer`."""
 
 RECONSTRUCTION_NOTE = (
     "The TRIAGE objective used here is reconstructed from the abstract of arXiv 2610.07043 (the only public part of "
@@ -59,28 +31,6 @@ RECONSTRUCTION_NOTE = (
 
 # Mismatch metrics summarised first vs last logged step (names under `triage/`).
 SUMMARY_METRICS = ("gap_abs_mean", "k3_kl", "amp_imbalance", "hot_segment_frac", "repaired_frac", "weight_mean")
-
-EVAL_SECTION_START = "<!-- triage-eval results: start -->"
-EVAL_SECTION_END = "<!-- triage-eval results: end -->"
-
-
-def md_cell(value, *, code: bool = False) -> str:
-    """``value`` as one markdown table cell: ``|`` escaped, line breaks flattened, optionally as a code span.
-
-    GitHub and the Hub split table rows at every unescaped ``|``, also inside code spans; ``\\|`` is shown as ``|``.
-    """
-    text = re.sub(r"\s*\n\s*", " ", str(value)).replace("|", "\\|")
-    if not code:
-        return text
-    fence = "``" if "`" in text else "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def md_row(*cells: str) -> str:
-    """One table row from already-escaped cells (see :func:`md_cell`)."""
-    return "| " + " | ".join(cells) + " |"
-
 
 def mismatch_summary(log_history: list[dict]) -> tuple[dict, dict] | None:
     """The :data:`SUMMARY_METRICS` at the first and the last logged training step that has them.
@@ -153,65 +103,7 @@ def triage_card_section(
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------- base model, license
-
-
-def base_model_info(model_name_or_path: str | None) -> dict:
-    """The Hub base model of a run and its license, found without network.
-
-    A Hub id is its own base model; a local folder names one through its :data:`~triage_trl.models.SOURCE_FILE`
-    marker (written for the embedded SmolLM2). The license comes from the marker, else from the base model's card
-    in the local Hub cache, else from a ``README.md`` card inside the local folder.
-
-    Returns:
-        ``{"base_model": str | None, "license": str | None, "note": str}``.
-    """
-    from ..models import read_model_source
-
-    info = {"base_model": None, "license": None, "note": ""}
-    if not model_name_or_path:
-        return info
-    if os.path.isdir(model_name_or_path):
-        source = read_model_source(model_name_or_path) or {}
-        info["base_model"], info["license"] = source.get("model_id"), source.get("license")
-        info["note"] = source.get("note") or ""
-        if info["license"] is None:
-            info["license"] = _card_license(os.path.join(model_name_or_path, "README.md"))
-    else:
-        info["base_model"] = model_name_or_path
-    if info["license"] is None and info["base_model"]:
-        info["license"] = _card_license(_cached_hub_readme(info["base_model"]))
-    return info
-
-
-def _cached_hub_readme(repo_id: str) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        path = try_to_load_from_cache(repo_id, "README.md")
-    except ValueError:  # not a valid repo id
-        return None
-    return path if isinstance(path, str) else None
-
-
-def _card_license(path: str | None) -> str | None:
-    if not path or not os.path.isfile(path):
-        return None
-    try:
-        return ModelCard.load(path, ignore_metadata_errors=True).data.license
-    except Exception as error:  # a malformed card must not stop the run's own card
-        logger.warning("Could not read the license from %s: %s", path, error)
-        return None
-
-
 # ---------------------------------------------------------------------------------------------- the card
-
-
-def _version(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def build_model_card(
@@ -247,19 +139,16 @@ def build_model_card(
         logger.warning(
             "The model card has no `license`: %s names none (no marker, no cached Hub card). Set it with "
             "`card = ModelCard.load(path); card.data.license = ...; card.save(path)`.", model_name_or_path)
-    card_data = ModelCardData(
+    data = card_data(
         base_model=info["base_model"],
         datasets=[dataset_name] if dataset_name else None,
-        library_name="transformers",
         license=info["license"],
         model_name=model_name,
-        pipeline_tag="text-generation",
         tags=["generated_from_trainer", *tags],
     )
-    template = importlib.resources.files("triage_trl").joinpath("templates/model_card.md").read_text(encoding="utf-8")
-    return ModelCard.from_template(
-        card_data,
-        template_str=template,
+    return render_card(
+        "model_card.md",
+        data,
         model_name=model_name,
         base_model=info["base_model"],
         base_model_note=info["note"],
@@ -274,13 +163,9 @@ def build_model_card(
         wandb_url=wandb_url,
         trackio_url=trackio_url,
         comet_url=comet_url,
-        triage_trl_version=__version__,
-        **{f"{p}_version": _version(p if p != "pytorch" else "torch")
+        **{f"{p}_version": package_version(p if p != "pytorch" else "torch")
            for p in ("trl", "transformers", "pytorch", "datasets", "tokenizers")},
     )
-
-
-# ---------------------------------------------------------------------------------------------- triage-eval results
 
 
 def trainer_model_card(trainer, *, model_name=None, dataset_name=None, tags=None) -> ModelCard:
@@ -320,91 +205,3 @@ def trainer_model_card(trainer, *, model_name=None, dataset_name=None, tags=None
     )
 
 
-def eval_results_from_json(results: dict) -> list[EvalResult]:
-    """One ``EvalResult`` per benchmark and metric of a ``triage-eval`` ``results.json``.
-
-    Args:
-        results: the parsed file (``config``, ``metrics`` as fractions in [0, 1], ``records`` per benchmark).
-
-    Returns:
-        Entries with ``task_type="text-generation"``, the benchmark's Hub dataset (id, config, split) where
-        ``triage_trl.eval`` knows it, ``metric_type`` like ``"pass@1"`` and ``metric_value`` in percent (two
-        decimals); ``metric_name`` states sampling, precision, backend and problem count.
-
-    Raises:
-        ValueError: the file has no ``config`` or no ``metrics``.
-    """
-    from ..eval.benchmarks import HUB_SOURCES
-
-    if not isinstance(results.get("config"), dict) or not isinstance(results.get("metrics"), dict):
-        raise ValueError("This is not a triage-eval results.json (no `config` / `metrics`): pass the file that "
-                         "`triage-eval --output-dir DIR` wrote as DIR/results.json.")
-    config = results["config"]
-    sampling = "greedy" if not config.get("temperature") else f"T={config['temperature']}, n={config.get('n')}"
-    entries = []
-    for bench, metrics in results["metrics"].items():
-        dataset_id, dataset_config, split = HUB_SOURCES.get(bench, (bench, None, None))
-        problems = len(results.get("records", {}).get(bench, []))
-        for metric, value in metrics.items():
-            entries.append(EvalResult(
-                task_type="text-generation",
-                dataset_type=dataset_id,
-                dataset_name=bench,
-                dataset_config=dataset_config,
-                dataset_split=split,
-                metric_type=metric,
-                metric_value=round(100.0 * float(value), 2),
-                metric_name=f"{metric} ({sampling}, {config.get('precision')} {config.get('backend')}, "
-                            f"{problems} problems)",
-            ))
-    return entries
-
-
-def eval_section(entries: list[EvalResult]) -> str:
-    """Markdown table of ``entries`` between :data:`EVAL_SECTION_START` and :data:`EVAL_SECTION_END`."""
-    lines = [EVAL_SECTION_START, "## Evaluation", "", "Measured with `triage-eval` (percent).", "",
-             "| benchmark | metric | value |", "|---|---|---:|"]
-    for e in entries:
-        lines.append(md_row(md_cell(e.dataset_name), md_cell(e.metric_name or e.metric_type), md_cell(e.metric_value)))
-    return "\n".join(lines + [EVAL_SECTION_END]) + "\n"
-
-
-def add_eval_results_to_card(run_dir: str, results_json: str) -> ModelCard:
-    """Put a ``triage-eval`` ``results.json`` into the run's card: ``model-index`` metadata and an Evaluation table.
-
-    Entries for the same benchmark, metric and settings are replaced, others kept, so re-adding a file is a no-op.
-
-    Args:
-        run_dir: the training run's ``output_dir``, holding its ``README.md`` card.
-        results_json: the ``results.json`` that ``triage-eval`` wrote.
-
-    Returns:
-        The updated card, already saved to ``run_dir/README.md``.
-
-    Raises:
-        FileNotFoundError: ``run_dir`` has no ``README.md`` or ``results_json`` does not exist.
-        ValueError: ``results_json`` is not a ``triage-eval`` results file.
-    """
-    card_path = os.path.join(run_dir, "README.md")
-    for path, remedy in ((card_path, "train into it first (the trainer writes the card)"),
-                         (results_json, "run `triage-eval --output-dir DIR` and pass DIR/results.json")):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} does not exist: {remedy}.")
-    with open(results_json, encoding="utf-8") as f:
-        new = eval_results_from_json(json.load(f))
-    card = ModelCard.load(card_path)
-    card.data.model_name = card.data.model_name or os.path.basename(os.path.normpath(run_dir))
-
-    def key(e):
-        return (e.dataset_type, e.dataset_config, e.dataset_split, e.metric_type, e.metric_name)
-
-    replaced = {key(e) for e in new}
-    card.data.eval_results = [e for e in (card.data.eval_results or []) if key(e) not in replaced] + new
-    body = re.sub(re.escape(EVAL_SECTION_START) + r".*?" + re.escape(EVAL_SECTION_END) + r"\n?", "", card.text,
-                  flags=re.S)
-    anchor = "## Training procedure"
-    section = eval_section(card.data.eval_results)
-    body = body.replace(anchor, f"{section}\n{anchor}", 1) if anchor in body else body.rstrip("\n") + "\n\n" + section
-    card.text = body
-    card.save(card_path)
-    return card

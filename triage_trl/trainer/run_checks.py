@@ -1,10 +1,11 @@
 """What ``TriageGRPOTrainer`` checks before TRL loads the model: the output folder and the prompts.
 
-* the output folder can be written and has room for one checkpoint (``triage_trl.run_folder.check_output_dir``);
-* the main process takes the folder's run lock (``triage_trl.run_folder.RunLock``), so a second live run on the same
-  ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
+* the output folder can be written and has room for one checkpoint
+  (``triage_trl.runtime.run_folder.check_output_dir``);
+* the main process takes the folder's run lock (``triage_trl.runtime.run_folder.RunLock``), so a second live run on
+  the same ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
 * every prompt of ``train_dataset``/``eval_dataset`` and of the calibration prompts is non-empty text (or chat
-  messages) and fits the sampler's context (``triage_trl.preflight.check_prompts``).
+  messages) and fits the sampler's context (``triage_trl.runtime.preflight.check_prompts``).
 
 Launch configurations: single process, DDP, FSDP2, ZeRO; the checks run on every process (read-only), the lock is
 taken by the main process only (``args.should_save``).
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import weakref
 
-from ..preflight import check_prompts, context_tokens, dataset_prompts
-from ..run_folder import RunLock, check_output_dir, checkpoint_bytes, existing_run, model_bytes
+from ..runtime.preflight import check_prompts, context_tokens, dataset_prompts
+from ..runtime.run_folder import RunLock, check_output_dir, checkpoint_bytes, existing_run, model_bytes
 
 
 def _model_config_and_tokenizer(model, processing_class):
@@ -43,8 +44,8 @@ def check_run_inputs(model, args, *, train_dataset=None, eval_dataset=None, cali
         at ``train()`` unless it resumes.
 
     Raises:
-        triage_trl.run_folder.OutputFolderError: a read-only or full output folder.
-        triage_trl.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
+        triage_trl.runtime.run_folder.OutputFolderError: a read-only or full output folder.
+        triage_trl.runtime.preflight.PromptError: an empty, non-text or too long prompt (names the data set and row).
     """
     weights = model_bytes(model)
     needed = checkpoint_bytes(weights, save_only_model=args.save_only_model) if weights else None

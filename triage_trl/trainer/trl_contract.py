@@ -38,6 +38,10 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
                 "TriageVLLMGeneration reads TRL's colocate settings from the attributes it sets",
                 ("self.tensor_parallel_size", "self.max_model_length", "self.enable_sleep_mode", "self._dist",
                  "self._init_vllm()")),
+    Requirement("trl.generation.vllm_generation:VLLMGeneration.generate",
+                "TriageVLLMGeneration keeps _llm_weights_sleeping true to its engine (asleep after start, awake after "
+                "each sync); TRL's generate re-syncs the weights when it is set (sleep mode)",
+                ("self._llm_weights_sleeping",)),
     Requirement("trl.trainer.utils:ensure_master_addr_port", "TriageVLLMGeneration joins the colocated ranks"),
     Requirement("trl:GRPOTrainer._calculate_rewards",
                 "TriageGRPOTrainer marks zero-signal groups from the rewards of all processes"),

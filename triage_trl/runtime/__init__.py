@@ -5,6 +5,11 @@ rest of the process), and its CPU worker binds the process to its cores and repl
 a no-op. The demo, the stability lab, ``triage-eval``, the CLI and the tests enter :func:`vllm_process_settings`
 around the life of their engines; :func:`preserved_torch_threads` is what every engine start uses so the learner
 keeps its threads. Source: vLLM 0.31 ``vllm/envs.py`` (``disable_envs_cache``) and its CPU worker.
+
+The process helpers live beside these settings: ``preflight.py`` (model source, reward columns and prompts checked
+before any model loads), ``run_folder.py`` (the output folder's checks and its run lock), ``run_logs.py`` (a run's
+``trainer_state.json`` log history), ``progress.py`` (progress lines of long conversions), ``validators.py`` (the
+field checks of the settings dataclasses).
 """
 
 from __future__ import annotations

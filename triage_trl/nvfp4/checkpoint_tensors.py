@@ -1,4 +1,6 @@
-"""Export a learner's weights as a compressed-tensors NVFP4 checkpoint for the vLLM sampler.
+"""The tensors of a compressed-tensors NVFP4 checkpoint of a learner's weights: streamed to the vLLM sampler at every
+weight sync (:func:`iter_checkpoint_weights`), or written as a folder (:func:`save_nvfp4_checkpoint`, which
+``triage-export`` and the tests use). Not the ``triage-export`` product itself: that is ``triage_trl/export/``.
 
 Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, what vLLM's
 ``CompressedTensorsW4A4Fp4`` scheme loads), per quantised linear ``<p>``:
@@ -12,7 +14,7 @@ Format (compressed-tensors ``nvfp4-pack-quantized``, preset scheme ``NVFP4``, wh
   unchanged. vLLM fuses q/k/v and gate/up, so those share both global scales (max amax).
 
 MoE experts (transformers 5's 3-D ``gate_up_proj``/``down_proj``) are written per expert, in bf16 or NVFP4 as the
-selection says, under the names vLLM's MoE loaders read (``triage_trl.nvfp4.experts_export``).
+selection says, under the names vLLM's MoE loaders read (``triage_trl.nvfp4.checkpoint_experts``).
 
 Global scales (weights and activations): ``numerics.global_scale_from_amax``, ``448 * 6 / amax`` rounded down to a
 power of two, so vLLM, compressed-tensors and torchao decode bit-identical values (see ``triage_trl.nvfp4.numerics``).
@@ -35,10 +37,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model_blocks import export_units, fsdp_owners, materialized
-from ..progress import progress
+from ..models.blocks import export_units, fsdp_owners, materialized
+from ..runtime.progress import progress
 from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
-from .experts_export import iter_expert_checkpoint_tensors
+from .checkpoint_experts import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
 from .numerics import check_finite, global_scale_from_amax
@@ -61,7 +63,7 @@ def iter_checkpoint_weights(
     input_global_scales: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checkpoint-format ``(name, tensor)`` pairs of ``model``, one export unit made whole at a time
-    (``triage_trl.model_blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
+    (``triage_trl.models.blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
 
     Feed them, all in one call, to vLLM's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` or to a
     checkpoint writer. Names are Hugging Face checkpoint names (PEFT prefixes and ``base_layer`` removed; active LoRA
@@ -78,7 +80,7 @@ def iter_checkpoint_weights(
     Yields:
         Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
         [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16], ``weight_global_scale`` and ``input_global_scale``
-        float32 [1]; biases; MoE experts per expert (``experts_export.iter_expert_checkpoint_tensors``).
+        float32 [1]; biases; MoE experts per expert (``checkpoint_experts.iter_expert_checkpoint_tensors``).
 
     Raises:
         KeyError: an NVFP4 linear has no input global scale (calibrate first).

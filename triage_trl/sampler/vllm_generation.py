@@ -14,7 +14,7 @@
 * **sync** (``sync_weights``): every weight, in checkpoint format (re-quantised to NVFP4 for the NVFP4 sampler), goes
   to vLLM in ONE ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` call on the worker (inside vLLM's
   config context), produced one decoder block at a time
-  (:func:`~triage_trl.nvfp4.export.iter_checkpoint_weights`: FSDP2 and ZeRO-3 gather one block at a
+  (:func:`~triage_trl.nvfp4.checkpoint_tensors.iter_checkpoint_weights`: FSDP2 and ZeRO-3 gather one block at a
   time); then the prefix cache is reset and :attr:`on_sync` runs (the trainer's scale push and probe).
   TRL's per-tensor ``load_weights`` sync fails on the vLLM CPU build and cannot re-quantise; one tensor per reload
   call silently corrupts the model (each call re-initialises the layers it does not see).
@@ -44,7 +44,7 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
-from ..model_blocks import parameters_materialized
+from ..models.blocks import parameters_materialized
 from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
 from .vllm_engine import sampler_dtype, sampler_tensors, start_engine, write_engine_checkpoint
@@ -267,7 +267,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         if self.accelerator.is_local_main_process:
             quantization_config = None
             if self.sampler_precision == "nvfp4":
-                from ..nvfp4.export import nvfp4_quantization_config
+                from ..nvfp4.checkpoint_tensors import nvfp4_quantization_config
 
                 quantization_config = nvfp4_quantization_config(self.model, selection=self.nvfp4_selection)
             write_engine_checkpoint(self.checkpoint_dir, self.sampler_precision, (), _hf_config(self.model),
@@ -327,9 +327,9 @@ class TriageVLLMGeneration(VLLMGeneration):
     def _iter_sampler_weights(self, keep: re.Pattern | None = None,
                               kept: list | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
-        one decoder block made whole at a time (``triage_trl.nvfp4.export.iter_checkpoint_weights``); a copy of each
+        one decoder block made whole at a time (``triage_trl.nvfp4.checkpoint_tensors.iter_checkpoint_weights``); a copy of each
         tensor whose name matches ``keep`` is appended to ``kept``."""
-        from ..nvfp4.export import iter_checkpoint_weights
+        from ..nvfp4.checkpoint_tensors import iter_checkpoint_weights
 
         weights = iter_checkpoint_weights(
             self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales

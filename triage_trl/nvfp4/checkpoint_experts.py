@@ -12,7 +12,7 @@ Per experts module ``<x>`` (``mlp.experts``) and expert ``e``, the projections `
   global scale (vLLM keeps only the gate's, ``w13_weight_global_scale[:, 0]``); every expert of one module gets
   the module's one activation scale (the learner's ``NVFP4EmulatedExperts.input_global_scales``).
 
-Scales and codes follow ``triage_trl.nvfp4.export`` (power-of-two global scales, torchao's block quantisation).
+Scales and codes follow ``triage_trl.nvfp4.checkpoint_tensors`` (power-of-two global scales, torchao's block quantisation).
 """
 
 from __future__ import annotations

@@ -20,11 +20,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .nvfp4.modules import hf_model
-
-__all__ = ["ExportUnit", "export_units", "fsdp_owners", "materialized", "parameters_materialized"]
+__all__ = ["ExportUnit", "export_units", "fsdp_owners", "hf_model", "materialized", "parameters_materialized"]
 
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.\d+$")
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a ``peft.PeftModel`` (``get_base_model()``), else ``model``."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 @dataclass

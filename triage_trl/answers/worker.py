@@ -37,11 +37,11 @@ MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 STARTUP_TIMEOUT_S = 300.0
 """How long a helper may take to import math-verify before :func:`run_check` raises."""
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the triage_trl folder
 _BOOTSTRAP = (
     "import sys, types\n"
     "pkg = types.ModuleType('triage_trl'); pkg.__path__ = [sys.argv[1]]; sys.modules['triage_trl'] = pkg\n"
-    "from triage_trl.answer_worker import serve\n"
+    "from triage_trl.answers.worker import serve\n"
     "serve()\n"
 )
 
@@ -199,9 +199,9 @@ def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which then closes our stdin
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    from .answers import _check_here
+    from .check import check_in_process
 
-    _check_here("\\boxed{1}", "1", "math", None, None)  # import and compile everything before "ready"
+    check_in_process("\\boxed{1}", "1", "math", None, None)  # import and compile everything before "ready"
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the replies
     out.write(b"ready\n")
@@ -209,7 +209,7 @@ def serve() -> None:
     for line in sys.stdin.buffer:
         request = json.loads(line)
         try:
-            check = _check_here(request["prediction_text"], request["reference"], request["kind"], request["unit"],
+            check = check_in_process(request["prediction_text"], request["reference"], request["kind"], request["unit"],
                                 request["step_timeout"])
             reply = {"correct": check.correct, "extracted": check.extracted}
         except Exception as error:  # a check that raises is not correct; the helper keeps serving

@@ -10,7 +10,7 @@ LOG_HISTORY = "log_history.jsonl"
 """Log records appended as they are logged (``triage_trl.runs.LogHistoryWriter``): a crashed run keeps its curve."""
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_records(path: str) -> list[dict]:
     """The records of a jsonl file, in order (``[]`` when it does not exist)."""
     if not os.path.exists(path):
         return []
@@ -30,7 +30,7 @@ def read_log_history(run_dir: str) -> list[dict]:
 
     path = os.path.join(run_dir, LOG_HISTORY)
     if os.path.isfile(path):
-        return read_jsonl(path)
+        return read_records(path)
     candidates = [os.path.join(run_dir, "trainer_state.json")]
     if os.path.isdir(run_dir) and (last := get_last_checkpoint(run_dir)):
         candidates.append(os.path.join(last, "trainer_state.json"))

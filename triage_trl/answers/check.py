@@ -25,14 +25,14 @@ take a boxed answer or an explicit "final answer is ..." statement, so stray for
 are never scored.
 
 Before math-verify parses them, the box content and the reference are rewritten by
-``triage_trl.answer_latex``: brace-less TeX arguments (``\\frac43``, ``11\\sqrt2``) get braces, LaTeX
+``triage_trl.answers.latex``: brace-less TeX arguments (``\\frac43``, ``11\\sqrt2``) get braces, LaTeX
 digit grouping (``10\\,000``, ``10{,}000``) and a closing full stop are removed, and for the numeric
 kinds (``gsm8k``, ``aime``, ``amc``, ``minerva``) e-notation (``4.5e33``, ``1e-5``) becomes
 ``a \\times 10^{b}``; in ``math`` and ``olympiad`` answers ``2e-1`` keeps meaning 2e - 1 (Euler's number). An answer made only of numbers
 (``2.88 \\times 10^{-19}``) is evaluated to one number before comparison, and floats are compared to six
 significant digits for small references (math-verify rounds to six decimals, which makes
 ``1.1 \\times 10^{-7}`` equal ``10^{-7}``). The Unicode minus (``−7``) and fullwidth digits (``７``) are
-written as ASCII in every completion and reference, boxed or not (``answer_latex.normalize_unicode``).
+written as ASCII in every completion and reference, boxed or not (``answers.latex.normalize_unicode``).
 
 Relations. A boxed answer that is an equation or a chain of equations (``3 + 4 = 7``, ``x = 5``,
 ``x = 3 + 4 = 7``), scored against a reference that is not one, is correct only when every ``=`` in it
@@ -48,7 +48,7 @@ reference ``50\\%``, and ``\\boxed{50\\%}`` for ``0.5`` or ``50``), since data s
 answer either way.
 
 :func:`check_answer` and :func:`verify` end within ``timeout_seconds`` in any thread: the check runs
-in a helper process that is killed when it overruns (``triage_trl.answer_worker``).
+in a helper process that is killed when it overruns (``triage_trl.answers.worker``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .answer_latex import brace_macro_arguments, expand_e_notation, join_digit_groups, normalize_unicode
+from .latex import brace_macro_arguments, expand_e_notation, join_digit_groups, normalize_unicode
 
 KINDS = ("gsm8k", "math", "minerva", "olympiad", "aime", "amc")
 """The reference kinds ``verify`` understands."""
@@ -200,7 +200,7 @@ def _strip_unit(text: str, unit: str | None) -> str:
 
 
 def normalize_answer_latex(latex: str, *, kind: str) -> str:
-    """The LaTeX math-verify is given for a box content or reference of ``kind`` (see ``triage_trl.answer_latex``).
+    """The LaTeX math-verify is given for a box content or reference of ``kind`` (see ``triage_trl.answers.latex``).
 
     ``\\frac43`` -> ``\\frac{4}{3}``, ``10\\,000`` -> ``10000`` and a closing full stop dropped
     (``\\boxed{104.}``) for every kind; ``4.5e33`` -> ``4.5 \\times 10^{33}`` for ``gsm8k``, ``aime``,
@@ -365,10 +365,12 @@ def _relation_holds(sides: list, step_timeout: int | None) -> bool:
         return False
 
 
-def _check_here(
+def check_in_process(
     prediction_text: str, reference: str | None, kind: str, unit: str | None, step_timeout: int | None
 ) -> AnswerCheck:
-    """:func:`check_answer` in this process; ``step_timeout`` bounds each math-verify step (main thread only)."""
+    """:func:`check_answer` in this process, without a wall-clock limit: what the helper process of
+    :mod:`.worker` runs. ``step_timeout`` (seconds, or ``None``) bounds each math-verify step (main thread only).
+    Arguments are :func:`check_answer`'s, already validated."""
     from math_verify import verify as mv_verify
     from math_verify.errors import TimeoutException
 
@@ -407,7 +409,7 @@ def check_answer(
         kind: one of ``KINDS``.
         unit: OlympiadBench's separate unit, stripped from the prediction before comparison.
         timeout_seconds: wall-clock limit of the whole check (seconds), in any thread: the check
-            runs in a helper process that is killed when it overruns (``triage_trl.answer_worker``;
+            runs in a helper process that is killed when it overruns (``triage_trl.answers.worker``;
             the helper's start-up is not counted), and math-verify's own limit per parse/compare
             step there is half of it (5 s by default, math-verify's default). ``None`` checks in
             this process without a limit.
@@ -425,10 +427,10 @@ def check_answer(
         raise TypeError(f"prediction_text must be a str, got {type(prediction_text).__name__}")
     reference = None if reference is None else str(reference)
     if timeout_seconds is None:
-        return _check_here(prediction_text, reference, kind, unit, None)
+        return check_in_process(prediction_text, reference, kind, unit, None)
     if not timeout_seconds > 0:
         raise ValueError(f"timeout_seconds must be > 0 or None (no limit), got {timeout_seconds}")
-    from .answer_worker import run_check
+    from .worker import run_check
 
     reply = run_check(
         {"prediction_text": prediction_text, "reference": reference, "kind": kind, "unit": unit},
@@ -465,7 +467,9 @@ def verify(
 __all__ = [
     "KINDS",
     "AnswerCheck",
+    "boxed_span",
     "check_answer",
+    "check_in_process",
     "extract_answer",
     "extract_boxed",
     "gsm8k_reference",

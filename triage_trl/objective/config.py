@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from ..runtime.validators import check_choice, check_in_range, check_integer_at_least
+
 TriageMode = Literal["full", "diagnose", "off"]
 GapSign = Literal[1, -1]
 SegmentMode = Literal["newline", "fixed"]
@@ -127,43 +129,23 @@ class TriageConfig:
 
     def validate_triage(self) -> None:
         """Check every ``triage_*`` field; raise ``ValueError`` naming the first bad one. Changes nothing."""
-        _choice("triage_mode", self.triage_mode, TRIAGE_MODES)
-        _choice("triage_segment_mode", self.triage_segment_mode, SEGMENT_MODES)
-        _choice("triage_rebalance_scope", self.triage_rebalance_scope, REBALANCE_SCOPES)
-        _choice("triage_repair_mode", self.triage_repair_mode, REPAIR_MODES)
-        _choice("triage_direction", self.triage_direction, DIRECTIONS)
+        check_choice("triage_mode", self.triage_mode, TRIAGE_MODES)
+        check_choice("triage_segment_mode", self.triage_segment_mode, SEGMENT_MODES)
+        check_choice("triage_rebalance_scope", self.triage_rebalance_scope, REBALANCE_SCOPES)
+        check_choice("triage_repair_mode", self.triage_repair_mode, REPAIR_MODES)
+        check_choice("triage_direction", self.triage_direction, DIRECTIONS)
         if self.triage_gap_sign not in (1, -1) or isinstance(self.triage_gap_sign, bool):
             raise ValueError(f"triage_gap_sign={self.triage_gap_sign!r} is invalid: it must be 1 or -1.")
-        _in_range("triage_tail_quantile", self.triage_tail_quantile, 0.0, 1.0, "in (0, 1)", lo_open=True, hi_open=True)
-        _in_range("triage_tail_min_gap", self.triage_tail_min_gap, 0.0, math.inf, ">= 0 (nats)")
-        _integer_at_least("triage_segment_max_tokens", self.triage_segment_max_tokens, 1)
-        _integer_at_least("triage_hot_min_tokens", self.triage_hot_min_tokens, 1)
-        _in_range("triage_hot_density", self.triage_hot_density, 0.0, 1.0, "in [0, 1]")
-        _in_range("triage_rebalance_floor", self.triage_rebalance_floor, 0.0, 1.0, "in (0, 1]", lo_open=True)
-        _in_range("triage_severe_gap", self.triage_severe_gap, 0.0, math.inf, "> 0 (nats)", lo_open=True)
-        _in_range("triage_repair_clip", self.triage_repair_clip, 1.0, math.inf, ">= 1")
-        _in_range("triage_nonfinite_max_frac", self.triage_nonfinite_max_frac, 0.0, 1.0, "in [0, 1]")
+        check_in_range("triage_tail_quantile", self.triage_tail_quantile, 0.0, 1.0, "in (0, 1)", lo_open=True, hi_open=True)
+        check_in_range("triage_tail_min_gap", self.triage_tail_min_gap, 0.0, math.inf, ">= 0 (nats)")
+        check_integer_at_least("triage_segment_max_tokens", self.triage_segment_max_tokens, 1)
+        check_integer_at_least("triage_hot_min_tokens", self.triage_hot_min_tokens, 1)
+        check_in_range("triage_hot_density", self.triage_hot_density, 0.0, 1.0, "in [0, 1]")
+        check_in_range("triage_rebalance_floor", self.triage_rebalance_floor, 0.0, 1.0, "in (0, 1]", lo_open=True)
+        check_in_range("triage_severe_gap", self.triage_severe_gap, 0.0, math.inf, "> 0 (nats)", lo_open=True)
+        check_in_range("triage_repair_clip", self.triage_repair_clip, 1.0, math.inf, ">= 1")
+        check_in_range("triage_nonfinite_max_frac", self.triage_nonfinite_max_frac, 0.0, 1.0, "in [0, 1]")
 
     def triage_settings(self) -> dict:
         """The ``triage_*`` fields as a plain dict (for logs and model cards)."""
         return {name: getattr(self, name) for name in TriageConfig.__dataclass_fields__}
-
-
-def _choice(name, value, allowed):
-    if isinstance(value, bool) or value not in allowed:
-        raise ValueError(f"{name}={value!r} is invalid: it must be one of {', '.join(map(repr, allowed))}.")
-
-
-def _in_range(name, value, lo, hi, allowed, lo_open=False, hi_open=False):
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not (
-        number
-        and (value > lo if lo_open else value >= lo)
-        and (value < hi if hi_open else value <= hi)
-    ):
-        raise ValueError(f"{name}={value!r} is out of range: it must be {allowed}.")
-
-
-def _integer_at_least(name, value, lo):
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {lo}.")

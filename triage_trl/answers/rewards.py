@@ -26,7 +26,7 @@ import warnings
 
 import re
 
-from .answers import KINDS, boxed_span, extract_boxed, verify
+from .check import KINDS, boxed_span, extract_boxed, verify
 
 REASONING_GYM_KIND = "reasoning_gym"
 
@@ -54,7 +54,7 @@ def answer_then_stop_reward(completions, **kwargs) -> list[float]:
 
     Why: on SmolLM2-135M, GRPO with only an accuracy reward grows text after the answer ("This is a classic example
     of ...") until completions hit the length limit, and greedy accuracy falls with it; this reward makes stopping
-    after the answer part of the objective (see ``triage_trl/demo.py``).
+    after the answer part of the objective (see ``triage_trl/runs.py``, ``demo_rewards``).
     """
     rewards = []
     for completion in completions:
