@@ -412,6 +412,7 @@ def main(argv=None) -> dict:
 
     start = time.perf_counter()
     settings["max_steps"] = args.batches
+    settings["num_iterations"] = 1  # one step per batch and arm (TRL's sampler would repeat each batch otherwise)
     with vllm_process_settings():
         model_path = resolve_model(settings.get("model"), out)
         config = build_trainer_config("nvfp4_naive", settings, os.path.join(out, "trainer"), args.seed,
