@@ -295,7 +295,8 @@ def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, sampl
         each item's share of correct samples), each ``{"mean", "low", "high", "n"}`` (NaN where the records lack
         per-item outcomes); ``k3_slope`` and ``probe_k3_slope`` (mean over seeds of :func:`k3_log_slope` of the
         training batch's ``triage/k3_kl`` and of the fixed probe's k3); ``collapses``: :func:`collapse_by_rule`
-        per seed.
+        per seed, its ``step`` the optimizer step (rewards and k3 are logged at rollout steps only when a rollout
+        serves several updates; the grad norm at every step).
     """
     nan = {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
 
@@ -320,13 +321,20 @@ def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, sampl
         cost = paired_bootstrap(diffs) if diffs else cost
     slopes, probe_slopes, collapses = [], [], []
     for r in runs:
-        steps, k3 = step_series(r.get("history") or [], "triage/k3_kl")
-        _, rewards = step_series(r.get("history") or [], "reward")
-        _, grad_norms = step_series(r.get("history") or [], "grad_norm")
+        history = r.get("history") or []
+        steps, k3 = step_series(history, "triage/k3_kl")
+        reward_steps, rewards = step_series(history, "reward")
+        # every optimizer step's grad norm (with several updates per rollout only rollout steps log a reward)
+        grad_steps = [h["step"] for h in history if "grad_norm" in h and "step" in h]
+        grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h and "step" in h]
         slopes.append(k3_log_slope(steps, k3))
         probe = r.get("probe") or []
         probe_slopes.append(k3_log_slope([p["step"] for p in probe], [p["k3"] for p in probe]))
-        collapses.append(collapse_by_rule(rewards, k3, grad_norms))
+        verdict = collapse_by_rule(rewards, k3, grad_norms)
+        if verdict["collapsed"]:  # the series index -> the optimizer step it was logged at
+            series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}[verdict["reason"]]
+            verdict["step"] = series_steps[verdict["step"] - 1]
+        collapses.append(verdict)
     return {"cost": cost, **gains, "k3_slope": mean_std(slopes)[0], "probe_k3_slope": mean_std(probe_slopes)[0],
             "collapses": collapses}
 
