@@ -420,6 +420,9 @@ def test_fused_rollout_logps_give_the_loss_grads_and_metrics_of_trls_separate_fo
     again, _ = _loss_and_grads(trainer, fused_inputs)
     torch.testing.assert_close(again, separate)
     assert calls == [1] and trainer.__dict__["_get_per_token_logps_and_entropies"] is counted
+    del trainer._get_per_token_logps_and_entropies
+    stray, _ = _loss_and_grads(trainer, {**fused_inputs, "importance_sampling_ratio": torch.full((B, T), 3.0)})
+    torch.testing.assert_close(stray, separate)  # a stray TRL ratio never reaches the fused loss either
     # off-policy batches (2 updates per rollout) and the switch keep TRL's separate forward
     assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, num_iterations=2).fuses_rollout_logps
     assert not _args(TriageGRPOConfig, tmp_path, use_vllm=True, triage_fuse_rollout_logps=False).fuses_rollout_logps

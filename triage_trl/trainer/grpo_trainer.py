@@ -356,6 +356,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         inputs = dict(inputs)
         zero_signal = inputs.pop(ZERO_SIGNAL_KEY, None)
         if self.triage_mode != "off" and "old_per_token_logps" not in inputs and self.args.fuses_rollout_logps:
+            inputs.pop("importance_sampling_ratio", None)  # TRIAGE's weights take its place after the forward
             with self._weights_from_loss_forward(inputs, zero_signal):
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
