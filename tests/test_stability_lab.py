@@ -165,6 +165,7 @@ def test_collapse_preset_sets_the_published_collapse_conditions(tmp_path):
     assert (settings["temperature"], settings["num_iterations"], settings["lora_rank"]) == (1.0, 2, 0)
     assert settings["max_steps"] >= 80 and settings["max_completion_length"] >= 64 and settings["task"] == "chain_sum_2d"
     assert settings["eval_size"] >= 256 and settings["eval_samples"] == 8 and settings["probe_every"] > 0
+    assert settings["eval_sampled_items"] == 64  # avg@8 on 64 of the 256 items: 512 samples an evaluation
     config = build_trainer_config("nvfp4_naive", settings, str(tmp_path / "run"), seed=0,
                                   trainer_overrides=settings["trainer_overrides"], dose="stress")
     assert config.beta == 0.0 and config.temperature == 1.0 and config.num_iterations == 2

@@ -249,13 +249,15 @@ class HeldOutEvaluator(TrainerCallback):
             ``"sample_temperature"`` and ``"item_scores"``, each item's share of correct samples) and the
             :class:`~triage_trl.eval.held_out.HeldOutResult`.
         samples: avg@``samples`` beside the greedy accuracy at each evaluation (0: greedy only), sampled at
-            ``temperature`` (``triage_trl.eval.held_out.sampled_accuracy``).
+            ``temperature`` (``triage_trl.eval.held_out.sampled_accuracy``), on the first ``sampled_items`` items
+            (``None``: all; sampling n per item costs n greedy passes).
     """
 
     def __init__(self, dataset, max_tokens: int, every: int | None = None, on_result: Callable | None = None, *,
-                 samples: int = 0, temperature: float = 1.0):
+                 samples: int = 0, temperature: float = 1.0, sampled_items: int | None = None):
         self.dataset, self.max_tokens, self.every, self.on_result = dataset, max_tokens, every, on_result
         self.samples, self.temperature = samples, temperature
+        self.sampled = dataset if sampled_items is None else dataset.select(range(min(sampled_items, len(dataset))))
         self.trainer = None
         self.results: list = []
         self.seconds = 0.0
@@ -272,7 +274,7 @@ class HeldOutEvaluator(TrainerCallback):
         if self.samples:
             from .eval.held_out import sampled_accuracy
 
-            sampled = sampled_accuracy(trainer, self.dataset, self.max_tokens, n=self.samples,
+            sampled = sampled_accuracy(trainer, self.sampled, self.max_tokens, n=self.samples,
                                        temperature=self.temperature)
             record.update({f"avg_at_{self.samples}": sampled.accuracy, "sample_temperature": self.temperature,
                            "item_scores": sampled.item_scores})

@@ -138,7 +138,7 @@ CONFIGS: dict[str, LabConfig] = {c.name: c for c in _REGISTRY}
 # Per-run settings (the worker's knobs); `seeds` and `configs` are the lab's.
 SETTING_KEYS = ("model", "task", "data_path", "max_steps", "prompts_per_step", "num_generations",
                 "max_completion_length", "temperature", "learning_rate", "lora_rank", "train_size", "eval_size",
-                "eval_every", "eval_samples", "num_iterations", "probe_every")
+                "eval_every", "eval_samples", "eval_sampled_items", "num_iterations", "probe_every")
 
 SCALES: dict[str, dict] = {
     # SmolLM2-135M-Instruct on the embedded reasoning-gym task with the demo's budget (`triage_trl.runs.DEMO_DEFAULTS`,
@@ -173,7 +173,7 @@ SCALES: dict[str, dict] = {
     "collapse": dict(
         model=None, task="chain_sum_2d", data_path=None, max_steps=100, prompts_per_step=2, num_generations=8,
         max_completion_length=64, temperature=1.0, learning_rate=3e-5, lora_rank=0, train_size=512, eval_size=256,
-        eval_every=100, eval_samples=8, num_iterations=2, probe_every=5,
+        eval_every=100, eval_samples=8, eval_sampled_items=64, num_iterations=2, probe_every=5,
         seeds=[0], configs=["bf16", "bf16_learner_nvfp4_sampler", "nvfp4_naive", "nvfp4_tis", "nvfp4_opsm", "triage"],
         doses=["stress"], ablation_dose="stress", trainer_overrides={"beta": 0.0, "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1},
         estimate=dict(startup_s=30.0, step_s=40.0, eval_s=600.0),
@@ -332,6 +332,8 @@ _FLAGS = [  # (flag, settings key, type, help)
     ("--eval-every", "eval_every", int, "held-out evaluation every N optimizer steps (and at step 0 and the end)"),
     ("--eval-samples", "eval_samples", int, "avg@N at the training temperature beside greedy at each evaluation "
      "(0: greedy only)"),
+    ("--eval-sampled-items", "eval_sampled_items", int, "avg@N on the first N held-out items only (default: the "
+     "scale's; unset: all)"),
     ("--num-iterations", "num_iterations", int, "policy updates per rollout batch (TRL's num_iterations)"),
     ("--probe-every", "probe_every", int, "fixed-probe k3 every N optimizer steps (0: no fixed probe)"),
 ]

@@ -158,7 +158,8 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             summary["held_out_shared_with_train"] = shared_prompts(held_out, train)
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
                                          on_result=record, samples=settings.get("eval_samples") or 0,
-                                         temperature=settings["temperature"])
+                                         temperature=settings["temperature"],
+                                         sampled_items=settings.get("eval_sampled_items"))
             hot = lab_dose(dose).sampler_temperature if dose else None
             if hot:  # E3: lab only, bypasses the trainer's same-temperature rule (triage_trl.lab.hot_sampler)
                 from .hot_sampler import HotSampler
