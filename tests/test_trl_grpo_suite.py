@@ -287,21 +287,19 @@ def test_train_with_sync_ref_model(tiny, tmp_path):
         assert not torch.equal(param, trainer.ref_model.get_parameter(n)), f"Ref Parameter {n} has not changed."
 
 
-def test_train_beta_non_zero(tiny, tmp_path):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, beta=0.1),
+# TRL's tests that train Qwen2 on the standard prompt-only data with one config change each (their names as ids)
+@pytest.mark.parametrize("overrides", [
+    pytest.param(dict(beta=0.1), id="train_beta_non_zero"),
+    pytest.param(dict(pad_to_multiple_of=8), id="train_with_pad_to_multiple_of"),
+    pytest.param(dict(off_policy_mask_threshold=0.5), id="train_with_off_policy_mask"),
+    pytest.param(dict(top_entropy_quantile=0.2), id="train_with_entropy_filter"),
+    pytest.param(dict(delta=2.0), id="train_delta_clipping"),
+    pytest.param(dict(num_generations=6, gradient_accumulation_steps=2),
+                 id="train_num_generations_larger_than_batch_size"),
+])
+def test_train_with_one_config_change(tiny, tmp_path, overrides):
+    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, **overrides),
                       train_dataset=zen("standard_prompt_only"))
-    _train_and_check(trainer)
-
-
-def test_train_with_pad_to_multiple_of(tiny, tmp_path):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, pad_to_multiple_of=8),
-                      train_dataset=zen("standard_prompt_only"))
-    _train_and_check(trainer)
-
-
-def test_train_with_off_policy_mask(tiny, tmp_path):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"),
-                      args=_args(tmp_path, off_policy_mask_threshold=0.5), train_dataset=zen("standard_prompt_only"))
     _train_and_check(trainer)
 
 
@@ -329,12 +327,6 @@ def test_train_with_adaptive_entropy(tiny, tmp_path):
     assert trainer.entropy_coef > 0.01  # entropy < target throughout training
 
 
-def test_train_with_entropy_filter(tiny, tmp_path):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, top_entropy_quantile=0.2),
-                      train_dataset=zen("standard_prompt_only"))
-    _train_and_check(trainer)
-
-
 def test_train_with_additional_generation_kwargs_refused(tmp_path):
     # refused by design: TRIAGE compares the sampler's log-probs with the learner's, so sampling is plain
     # temperature sampling, set through the config fields (docs/trainer.md, "Sampling settings")
@@ -347,19 +339,6 @@ def test_train_with_additional_generation_kwargs_refused(tmp_path):
 def test_train_scale_rewards(tiny, tmp_path, scale_rewards):
     trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"),
                       args=_args(tmp_path, scale_rewards=scale_rewards), train_dataset=zen("standard_prompt_only"))
-    _train_and_check(trainer)
-
-
-def test_train_num_generations_larger_than_batch_size(tiny, tmp_path):
-    args = _args(tmp_path, num_generations=6, gradient_accumulation_steps=2)
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=args,
-                      train_dataset=zen("standard_prompt_only"))
-    _train_and_check(trainer)
-
-
-def test_train_delta_clipping(tiny, tmp_path):
-    trainer = TRAINER(model=tiny("Qwen2"), reward_funcs=tiny("reward"), args=_args(tmp_path, delta=2.0),
-                      train_dataset=zen("standard_prompt_only"))
     _train_and_check(trainer)
 
 
