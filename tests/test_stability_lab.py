@@ -215,6 +215,26 @@ def test_hot_sampler_doses_run_both_engines_bf16_with_a_rising_sampler_temperatu
         HotSampler(trainer, 0.9, 1.3)
 
 
+def test_step0_identity_is_shared_across_objectives_only(tmp_path):
+    """Runs that differ only in their loss share one step-0 evaluation; precision, recipe, seed or model do not."""
+    from triage_trl.lab.step0 import step0_identity
+
+    settings = {**scale_preset("collapse"), "scale": "collapse"}
+
+    def identity(config, dose="stress", seed=0, model="m", **changes):
+        args = build_trainer_config(config, {**settings, **changes}, str(tmp_path / config), seed,
+                                    settings.get("trainer_overrides"), dose)
+        return step0_identity(args, {**settings, **changes}, seed, model)
+
+    naive = identity("nvfp4_naive")
+    assert naive == identity("nvfp4_tis") == identity("nvfp4_opsm") == identity("triage")
+    assert identity("bf16", None) == identity("nvfp4_naive", "hot_1.15") == identity("triage", "hot_1.3")
+    others = {identity("bf16", None), identity("bf16_learner_nvfp4_sampler"), identity("nvfp4_naive", "paper"),
+              identity("nvfp4_naive", seed=1), identity("nvfp4_naive", model="other"),
+              identity("nvfp4_naive", eval_samples=4), identity("nvfp4_naive", temperature=0.7)}
+    assert naive not in others and len(others) == 7
+
+
 def test_resumed_run_keeps_the_log_records_up_to_its_checkpoint(tmp_path):
     from triage_trl.lab.worker import keep_records_up_to, read_records
 
@@ -491,6 +511,13 @@ def test_smoke_lab_end_to_end(tmp_path):
         assert [h["step"] for h in step1] == [1] and math.isfinite(step1[0]["triage/k3_kl"])
         assert os.path.getsize(os.path.join(run_dir, "plots", "k3_kl.png")) > 1000
         assert not os.path.exists(os.path.join(run_dir, "_sampler_checkpoint"))
+    naive, triage = (json.load(open(os.path.join(run_path(str(lab_dir), n, 0, "stress"), "run_summary.json")))
+                     for n in ("nvfp4_naive", "triage"))
+    # one step-0 evaluation for both (same starting point): measured by the first, reused by the second
+    assert "shared_from" not in naive["held_out"][0] and naive["held_out"][0]["seconds"] > 0
+    assert triage["held_out"][0]["shared_from"] == "nvfp4_naive@stress seed 0"
+    assert triage["held_out"][0]["outcomes"] == naive["held_out"][0]["outcomes"]
+    assert triage["step0_identity"] == naive["step0_identity"]
     text = (lab_dir / "results.md").read_text()
     assert "| nvfp4_naive@stress | 1 |" in text and "| triage@stress | 1 |" in text
     assert (lab_dir / "overlay.png").stat().st_size > 1000

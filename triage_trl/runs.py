@@ -285,6 +285,16 @@ class HeldOutEvaluator(TrainerCallback):
             self.on_result(record, result)
         return result
 
+    def reuse(self, record: dict) -> None:
+        """Take an evaluation measured by another run from the same starting point (``triage_trl.lab.step0``) as this
+        run's: recorded and passed to ``on_result`` (with ``None`` for the result object), no sampler pass."""
+        self.results.append((record, None))
+        if self.on_result is not None:
+            self.on_result(record, None)
+
+    def evaluated(self, step: int) -> bool:
+        return any(record["step"] == step for record, _ in self.results)
+
     def on_step_end(self, args, state, control, **kwargs):
         periodic = self.every is not None and state.global_step % self.every == 0
         if periodic or state.global_step == state.max_steps:
@@ -292,7 +302,8 @@ class HeldOutEvaluator(TrainerCallback):
 
 
 def train_with_held_out(trainer, evaluator: HeldOutEvaluator | None, resume_from_checkpoint: str | None = None) -> float:
-    """Evaluate at step 0 (not when resuming: the run did), train (evaluating as the evaluator says), and evaluate at
+    """Evaluate at step 0 (not when resuming: the run did; nor when the evaluator already holds a step-0 record,
+    ``HeldOutEvaluator.reuse``), train (evaluating as the evaluator says), and evaluate at
     the end if training stopped early. Returns the training seconds, evaluations excluded."""
     if evaluator is None:
         start = time.perf_counter()
@@ -300,7 +311,7 @@ def train_with_held_out(trainer, evaluator: HeldOutEvaluator | None, resume_from
         return time.perf_counter() - start
     evaluator.trainer = trainer
     trainer.add_callback(evaluator)
-    if resume_from_checkpoint is None:
+    if resume_from_checkpoint is None and not evaluator.evaluated(0):
         evaluator.evaluate(trainer, 0)
     before = evaluator.seconds
     start = time.perf_counter()

@@ -3,7 +3,8 @@
 Trains one configuration (:mod:`triage_trl.lab.configs`) at one mismatch dose for one seed in this process, with
 its own vLLM engine, and measures the greedy held-out accuracy of the run's own sampler (synced to the learner with
 ``trainer.sync_sampler()`` right before each evaluation) at step 0, every ``eval_every`` optimizer steps and at the
-end (:func:`triage_trl.eval.held_out.greedy_accuracy`). It writes into DIR:
+end (:func:`triage_trl.eval.held_out.greedy_accuracy`); the step-0 evaluation is measured once per starting point
+and shared by the lab's runs that start from it (:mod:`triage_trl.lab.step0`). It writes into DIR:
 
 - ``log_history.jsonl``: every log record, appended as it is logged (a crashed run keeps its curve);
 - ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, the 0/1 outcome per item,
@@ -40,6 +41,7 @@ from ..runtime import vllm_process_settings
 from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
                       run_label, sibling_run_path)
 from .metrics import mean_triage_weight
+from .step0 import read_step0, step0_identity, write_step0
 
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
@@ -134,7 +136,12 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
 
+    lab_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
+    identity = None
+
     def record(entry: dict, _result) -> None:
+        if entry["step"] == 0 and identity is not None and "shared_from" not in entry:
+            write_step0(lab_dir, identity, entry, f"{run_label(config.name, dose)} seed {seed}")
         summary["held_out"].append(entry)
         timings["eval_seconds"] += entry["seconds"]
         _append_jsonl(os.path.join(run_dir, HELD_OUT), entry)
@@ -160,6 +167,12 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
                                          on_result=record, samples=settings.get("eval_samples") or 0,
                                          temperature=settings["temperature"],
                                          sampled_items=settings.get("eval_sampled_items"))
+            identity = step0_identity(args, settings, seed, model_path)
+            summary["step0_identity"] = identity
+            shared = None if resume else read_step0(lab_dir, identity)
+            if shared is not None:  # a run from the same starting point measured it (triage_trl.lab.step0)
+                evaluator.reuse({**shared, "seconds": 0.0, "sync_seconds": 0.0,
+                                 "measured_seconds": shared.get("seconds")})
             hot = lab_dose(dose).sampler_temperature if dose else None
             if hot:  # E3: lab only, bypasses the trainer's same-temperature rule (triage_trl.lab.hot_sampler)
                 from .hot_sampler import HotSampler
