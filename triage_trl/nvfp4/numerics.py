@@ -44,16 +44,21 @@ __all__ = [
     "FP4_RANGE",
     "check_finite",
     "dynamic_per_tensor_scale",
+    "decode_codes",
     "decode_packed",
     "encode_e2m1",
     "global_scale_from_amax",
     "per_tensor_scale_from_amax",
     "quant_dequant_torchao",
     "quant_dequant_vllm",
+    "e2m1_codes",
+    "pack_codes",
+    "quantize_codes_torchao",
     "quantize_pack_torchao",
     "quantize_torchao",
     "round_to_e2m1",
     "round_to_e4m3",
+    "unpack_codes",
 ]
 
 BLOCK_SIZE = 16
@@ -197,27 +202,64 @@ def encode_e2m1(q: torch.Tensor) -> torch.Tensor:
     return pack_uint4(f32_to_f4_unpacked(q.float().contiguous()))
 
 
-def _e2m1_codes(q: torch.Tensor) -> torch.Tensor:
-    # E2M1 value -> 4-bit code: magnitude index into E2M1_GRID (0, .5, 1, 1.5, 2 -> 2|q|; 3, 4, 6 -> 5, 6, 7), sign
-    # in bit 3 from the float's sign bit (so -0.0 -> 8, as torchao's f32_to_f4_unpacked).
+def e2m1_codes(q: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (int32, 0-15) of E2M1 values ``q`` (on the signed ``E2M1_GRID``, as ``quantize_torchao``
+    returns): the magnitude's index into ``E2M1_GRID`` (0, .5, 1, 1.5, 2 -> 2|q|; 3, 4, 6 -> 5, 6, 7), and the
+    float's sign bit as bit 3 (so -0.0 -> 8, as torchao's ``f32_to_f4_unpacked``).
+
+    The sign comes from the float32 bit pattern by integer shifts, not ``torch.signbit``: inductor lowers
+    ``signbit`` and uint8 arithmetic to scalar loops on CPU (measured 4x slower for the whole export)."""
     a = torch.abs(q)
     magnitude = torch.where(a <= 2.0, a * 2.0, torch.where(a <= 3.0, 5.0, torch.where(a <= 4.0, 6.0, 7.0)))
-    return magnitude.to(torch.uint8) | (torch.signbit(q).to(torch.uint8) << 3)
+    return magnitude.to(torch.int32) | ((q.float().view(torch.int32) >> 28) & 8)
+
+
+def quantize_codes_torchao(
+    x: torch.Tensor, per_tensor_scale: torch.Tensor, four_over_six: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_torchao`` of a 2-D ``x`` [M, K] as 4-bit codes: ``(codes, scale)``, int32 [M, K]
+    (:func:`e2m1_codes`) and the E4M3 block scales as float32 [M, K/16]. One elementwise pass (compiled by
+    ``triage_trl.nvfp4.quantize.nvfp4_quantize_packed``); :func:`pack_codes` packs the codes."""
+    q, scale = quantize_torchao(x, per_tensor_scale, four_over_six)
+    return e2m1_codes(q.reshape(x.shape)), scale
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """Pack 4-bit codes [M, K] (integers 0-15) two to a byte as compressed-tensors and torchao store them: uint8
+    [M, K/2], element 2j in the low nibble (torchao ``pack_uint4``). Eager on purpose: inside a compiled pass the
+    stride-2 reads run element by element on CPU."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
 
 
 def quantize_pack_torchao(
     x: torch.Tensor, per_tensor_scale: torch.Tensor, four_over_six: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_torchao`` of a 2-D ``x`` [M, K] with its E2M1 values packed as ``encode_e2m1`` packs them, in one
-    elementwise pass (compiled by ``triage_trl.nvfp4.quantize.nvfp4_quantize_packed``).
+    """``quantize_torchao`` of a 2-D ``x`` [M, K] with its E2M1 values packed as ``encode_e2m1`` packs them.
 
     Returns:
         ``(packed, scale)``: uint8 [M, K/2] (element 2j in the low nibble, sign in bit 3) and the E4M3 block scales
         as float32 [M, K/16], bit-identical to ``encode_e2m1(quantize_torchao(x, ...)[0])`` and its scales.
     """
-    q, scale = quantize_torchao(x, per_tensor_scale, four_over_six)
-    codes = _e2m1_codes(q.reshape(x.shape))
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale
+    codes, scale = quantize_codes_torchao(x, per_tensor_scale, four_over_six)
+    return pack_codes(codes), scale
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The 4-bit codes (int32 [M, K]) of packed NVFP4 weights (uint8 [M, K/2], element 2j in the low nibble); the
+    inverse of :func:`pack_codes`. Eager, as :func:`pack_codes` is."""
+    p = packed.to(torch.int32)
+    return torch.stack((p & 0x0F, p >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+
+def decode_codes(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """``e2m1(code) * (block_scale * global_scale)`` for int32 codes [M, K] (:func:`unpack_codes`): float32 [M, K],
+    vLLM's ``dequantize_to_dtype`` (unswizzled) op for op. One elementwise pass (compiled by
+    ``triage_trl.nvfp4.quantize.nvfp4_dequantize_packed``)."""
+    m = (codes & 0x07).float()
+    value = torch.where(m <= 4.0, m * 0.5, torch.where(m <= 5.0, 3.0, torch.where(m <= 6.0, 4.0, 6.0)))
+    value = torch.where((codes & 0x08) != 0, -value, value)
+    blocks = value.reshape(codes.shape[0], -1, BLOCK_SIZE) * (block_scale * global_scale).unsqueeze(-1)
+    return blocks.reshape(codes.shape[0], -1)
 
 
 def decode_packed(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
@@ -231,12 +273,7 @@ def decode_packed(packed: torch.Tensor, block_scale: torch.Tensor, global_scale:
     Returns:
         float32 [M, K]: ``e2m1(code) * (block_scale * global_scale)``, bit-identical to vLLM's.
     """
-    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
-    m = (codes & 0x07).float()
-    value = torch.where(m <= 4.0, m * 0.5, torch.where(m <= 5.0, 3.0, torch.where(m <= 6.0, 4.0, 6.0)))
-    value = value * torch.where((codes & 0x08) != 0, -1.0, 1.0)
-    blocks = value.reshape(packed.shape[0], -1, BLOCK_SIZE) * (block_scale * global_scale).unsqueeze(-1)
-    return blocks.reshape(packed.shape[0], -1)
+    return decode_codes(unpack_codes(packed), block_scale, global_scale)
 
 
 def _reciprocal(x: torch.Tensor) -> torch.Tensor:

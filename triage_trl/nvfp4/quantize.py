@@ -161,7 +161,8 @@ def nvfp4_fake_quantize_vllm(x: torch.Tensor, global_scale: torch.Tensor, *, com
 def nvfp4_quantize_packed(
     weight: torch.Tensor, per_tensor_scale: torch.Tensor, *, four_over_six: bool = False, compiled: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight [out, in] in compressed-tensors' NVFP4 layout, in one fused pass (the export's, at every sync).
+    """A weight [out, in] in compressed-tensors' NVFP4 layout: one fused pass to 4-bit codes, then an eager packing
+    (the export's, at every sync).
 
     Args:
         weight: bfloat16/float32 [out, in], ``in`` a multiple of 16.
@@ -179,9 +180,9 @@ def nvfp4_quantize_packed(
     _check_input(weight)
     if weight.dim() != 2:
         raise ValueError(f"nvfp4_quantize_packed takes a 2-D weight [out, in], got shape {tuple(weight.shape)}.")
-    packed, scale = _run_2d(numerics.quantize_pack_torchao, weight.detach(), _scalar(per_tensor_scale, weight.device),
-                            four_over_six, compiled=compiled)
-    return packed, scale.to(torch.float8_e4m3fn)
+    codes, scale = _run_2d(numerics.quantize_codes_torchao, weight.detach(), _scalar(per_tensor_scale, weight.device),
+                           four_over_six, compiled=compiled)
+    return numerics.pack_codes(codes), scale.to(torch.float8_e4m3fn)
 
 
 def nvfp4_dequantize_packed(
@@ -189,13 +190,13 @@ def nvfp4_dequantize_packed(
     *, compiled: bool = True,
 ) -> torch.Tensor:
     """Dequantise compressed-tensors NVFP4 weights (uint8 [out, in/2], E4M3 [out, in/16], 0-dim float32 multiplier)
-    to ``dtype`` [out, in] in one fused pass: vLLM's ``dequantize_to_dtype`` (unswizzled), bit for bit
+    to ``dtype`` [out, in] (an eager unpacking, then one fused pass): vLLM's ``dequantize_to_dtype`` (unswizzled), bit for bit
     (``numerics.decode_packed``)."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ValueError(f"packed NVFP4 weights must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}.")
     if packed.numel() == 0:
         return torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=dtype, device=packed.device)
-    out = _run_2d(numerics.decode_packed, packed, block_scale.view(torch.float8_e4m3fn).float(),
+    out = _run_2d(numerics.decode_codes, numerics.unpack_codes(packed), block_scale.view(torch.float8_e4m3fn).float(),
                   _scalar(global_scale, packed.device), compiled=compiled)
     return out.to(dtype)
 
