@@ -395,7 +395,11 @@ def run_path(lab_dir: str, config: str, seed: int, dose: str | None = None) -> s
     return os.path.join(lab_dir, "runs", run_label(config, dose), f"seed{seed}")
 
 
+def lab_dir_of(run_dir: str) -> str:
+    """The lab folder that holds ``run_dir`` (a :func:`run_path`)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
+
+
 def sibling_run_path(run_dir: str, config: str, seed: int, dose: str | None = None) -> str:
     """The folder of run ``(config, dose, seed)`` in the lab that holds ``run_dir`` (a :func:`run_path`)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), run_label(config, dose),
-                        f"seed{seed}")
+    return run_path(lab_dir_of(run_dir), config, seed, dose)

@@ -38,8 +38,8 @@ from ..runs import (HeldOutEvaluator, LogHistoryWriter, build_recipe_trainer, fi
                     train_with_held_out)
 from ..runs import recipe_datasets as load_datasets  # noqa: F401  (the lab's name for the recipe's data sets)
 from ..runtime import vllm_process_settings
-from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dose, resolve_settings,
-                      run_label, sibling_run_path)
+from .configs import (SETTING_KEYS, add_setting_arguments, build_trainer_config, lab_config, lab_dir_of, lab_dose,
+                      resolve_settings, run_label, sibling_run_path)
 from .metrics import mean_triage_weight
 from .step0 import read_step0, step0_identity, write_step0
 
@@ -136,7 +136,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
     trainer = None
     timings = {"startup_seconds": math.nan, "train_seconds": math.nan, "eval_seconds": 0.0}
 
-    lab_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
+    lab_dir = lab_dir_of(run_dir)
     identity = None
 
     def record(entry: dict, _result) -> None:

@@ -45,20 +45,16 @@ __all__ = [
     "check_finite",
     "dynamic_per_tensor_scale",
     "decode_codes",
-    "decode_packed",
     "encode_e2m1",
     "global_scale_from_amax",
     "per_tensor_scale_from_amax",
     "quant_dequant_torchao",
     "quant_dequant_vllm",
     "e2m1_codes",
-    "pack_codes",
     "quantize_codes_torchao",
-    "quantize_pack_torchao",
     "quantize_torchao",
     "round_to_e2m1",
     "round_to_e4m3",
-    "unpack_codes",
 ]
 
 BLOCK_SIZE = 16
@@ -219,61 +215,23 @@ def quantize_codes_torchao(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_torchao`` of a 2-D ``x`` [M, K] as 4-bit codes: ``(codes, scale)``, int32 [M, K]
     (:func:`e2m1_codes`) and the E4M3 block scales as float32 [M, K/16]. One elementwise pass (compiled by
-    ``triage_trl.nvfp4.quantize.nvfp4_quantize_packed``); :func:`pack_codes` packs the codes."""
+    ``triage_trl.nvfp4.quantize.nvfp4_quantize_packed``, which packs the codes with torchao's ``pack_uint4``
+    outside the compiled pass: inside it the stride-2 reads run element by element on CPU)."""
     q, scale = quantize_torchao(x, per_tensor_scale, four_over_six)
     return e2m1_codes(q.reshape(x.shape)), scale
 
 
-def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """Pack 4-bit codes [M, K] (integers 0-15) two to a byte as compressed-tensors and torchao store them: uint8
-    [M, K/2], element 2j in the low nibble (torchao ``pack_uint4``). Eager on purpose: inside a compiled pass the
-    stride-2 reads run element by element on CPU."""
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-
-
-def quantize_pack_torchao(
-    x: torch.Tensor, per_tensor_scale: torch.Tensor, four_over_six: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_torchao`` of a 2-D ``x`` [M, K] with its E2M1 values packed as ``encode_e2m1`` packs them.
-
-    Returns:
-        ``(packed, scale)``: uint8 [M, K/2] (element 2j in the low nibble, sign in bit 3) and the E4M3 block scales
-        as float32 [M, K/16], bit-identical to ``encode_e2m1(quantize_torchao(x, ...)[0])`` and its scales.
-    """
-    codes, scale = quantize_codes_torchao(x, per_tensor_scale, four_over_six)
-    return pack_codes(codes), scale
-
-
-def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """The 4-bit codes (int32 [M, K]) of packed NVFP4 weights (uint8 [M, K/2], element 2j in the low nibble); the
-    inverse of :func:`pack_codes`. Eager, as :func:`pack_codes` is."""
-    p = packed.to(torch.int32)
-    return torch.stack((p & 0x0F, p >> 4), dim=-1).reshape(packed.shape[0], -1)
-
-
 def decode_codes(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    """``e2m1(code) * (block_scale * global_scale)`` for int32 codes [M, K] (:func:`unpack_codes`): float32 [M, K],
-    vLLM's ``dequantize_to_dtype`` (unswizzled) op for op. One elementwise pass (compiled by
+    """Dequantise compressed-tensors NVFP4 weights from their int32 codes [M, K] (torchao's ``unpack_uint4`` of the
+    packed uint8 [M, K/2]): ``e2m1(code) * (block_scale * global_scale)``, float32 [M, K], vLLM's
+    ``dequantize_to_dtype`` (unswizzled) op for op; ``block_scale`` float32 [M, K/16] (the E4M3 scales converted),
+    ``global_scale`` the 0-dim float32 multiplier (``1 / divisor``). One elementwise pass (compiled by
     ``triage_trl.nvfp4.quantize.nvfp4_dequantize_packed``)."""
     m = (codes & 0x07).float()
     value = torch.where(m <= 4.0, m * 0.5, torch.where(m <= 5.0, 3.0, torch.where(m <= 6.0, 4.0, 6.0)))
     value = torch.where((codes & 0x08) != 0, -value, value)
     blocks = value.reshape(codes.shape[0], -1, BLOCK_SIZE) * (block_scale * global_scale).unsqueeze(-1)
     return blocks.reshape(codes.shape[0], -1)
-
-
-def decode_packed(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    """Dequantise compressed-tensors NVFP4 weights: vLLM's ``dequantize_to_dtype`` (unswizzled) in float32, op for op.
-
-    Args:
-        packed: uint8 [M, K/2], element 2j in the low nibble.
-        block_scale: float32 [M, K/16] (the E4M3 block scales, converted).
-        global_scale: 0-dim float32 *multiplier* (vLLM's ``weight_global_scale`` after loading: ``1 / divisor``).
-
-    Returns:
-        float32 [M, K]: ``e2m1(code) * (block_scale * global_scale)``, bit-identical to vLLM's.
-    """
-    return decode_codes(unpack_codes(packed), block_scale, global_scale)
 
 
 def _reciprocal(x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 import torch
+from torchao.prototype.mx_formats.kernels import pack_uint4, unpack_uint4
 
 from . import numerics
 from .numerics import BLOCK_SIZE, dynamic_per_tensor_scale
@@ -161,8 +162,8 @@ def nvfp4_fake_quantize_vllm(x: torch.Tensor, global_scale: torch.Tensor, *, com
 def nvfp4_quantize_packed(
     weight: torch.Tensor, per_tensor_scale: torch.Tensor, *, four_over_six: bool = False, compiled: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight [out, in] in compressed-tensors' NVFP4 layout: one fused pass to 4-bit codes, then an eager packing
-    (the export's, at every sync).
+    """A weight [out, in] in compressed-tensors' NVFP4 layout: one fused pass to 4-bit codes, then torchao's
+    ``pack_uint4`` (the export's, at every sync).
 
     Args:
         weight: bfloat16/float32 [out, in], ``in`` a multiple of 16.
@@ -182,7 +183,7 @@ def nvfp4_quantize_packed(
         raise ValueError(f"nvfp4_quantize_packed takes a 2-D weight [out, in], got shape {tuple(weight.shape)}.")
     codes, scale = _run_2d(numerics.quantize_codes_torchao, weight.detach(), _scalar(per_tensor_scale, weight.device),
                            four_over_six, compiled=compiled)
-    return numerics.pack_codes(codes), scale.to(torch.float8_e4m3fn)
+    return pack_uint4(codes.to(torch.uint8)), scale.to(torch.float8_e4m3fn)
 
 
 def nvfp4_dequantize_packed(
@@ -190,13 +191,14 @@ def nvfp4_dequantize_packed(
     *, compiled: bool = True,
 ) -> torch.Tensor:
     """Dequantise compressed-tensors NVFP4 weights (uint8 [out, in/2], E4M3 [out, in/16], 0-dim float32 multiplier)
-    to ``dtype`` [out, in] (an eager unpacking, then one fused pass): vLLM's ``dequantize_to_dtype`` (unswizzled), bit for bit
-    (``numerics.decode_packed``)."""
+    to ``dtype`` [out, in] (torchao's ``unpack_uint4``, then one fused pass): vLLM's ``dequantize_to_dtype``
+    (unswizzled), bit for bit (``numerics.decode_codes``)."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ValueError(f"packed NVFP4 weights must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}.")
     if packed.numel() == 0:
         return torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=dtype, device=packed.device)
-    out = _run_2d(numerics.decode_codes, numerics.unpack_codes(packed), block_scale.view(torch.float8_e4m3fn).float(),
+    codes = unpack_uint4(packed).to(torch.int32)  # int32: uint8 arithmetic compiles to scalar loops on CPU
+    out = _run_2d(numerics.decode_codes, codes, block_scale.view(torch.float8_e4m3fn).float(),
                   _scalar(global_scale, packed.device), compiled=compiled)
     return out.to(dtype)
 
