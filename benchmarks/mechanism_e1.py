@@ -25,7 +25,11 @@ per batch and arm), ``state.pt`` (the run's model and optimizer state at the nex
 state, overwritten, since a full fine-tuning state of SmolLM2-135M is 1.6 GB), ``report.json`` and ``report.md``.
 Rerunning the same command resumes at the first unfinished batch (a larger ``--batches`` extends a finished run):
 its saved rollouts are reused, and its existing (batch, arm) results are not recomputed. A result deleted from an
-earlier batch cannot be redone (its start state is not kept): the script says so.
+earlier batch cannot be redone (its start state is not kept): the script says so. A folder without ``state.pt``
+(a committed run copied to a new machine: its ``e1.json``, ``batches/`` and ``results/``, as in
+``docs/stability/e1_full/``) resumes by replaying naive's step over its saved batches from the fresh model and
+optimizer (about a minute a batch on 2 CPU cores), each replayed step's loss and grad norm checked against the
+recorded ones (``replay.json``).
 """
 
 from __future__ import annotations
@@ -374,6 +378,52 @@ def nulls_report(out: str, model_path: str, group_size: int) -> dict:
     return {"rows": rows, "text": "\n".join(lines)}
 
 
+def replayable_batches(out: str, arms) -> int:
+    """How many batches from 0 have their rollout saved and every arm's result: a committed run copied into a new
+    folder (its ``state.pt``, 1.6 GB for full fine-tuning, is not kept in git) resumes after them."""
+    b = 0
+    while os.path.exists(os.path.join(out, "batches", f"b{b:03d}.pt")) and all(
+            os.path.exists(_result_path(out, b, arm)) for arm in arms):
+        b += 1
+    return b
+
+
+REPLAY_RTOL = 1e-2
+"""Largest relative difference of a replayed naive step's loss and grad norm from the recorded ones (float
+reordering between runs and CPU kinds moves them by about 1e-5; a different batch or start state by far more)."""
+
+
+def replay(trainer, out: str, naive_fields: dict, arms) -> int:
+    """Rebuild the run's state at its first unfinished batch from the fresh model and optimizer by re-applying
+    naive's step to each saved batch (no generation, no scoring), checking each step's loss and grad norm against
+    naive's recorded result; returns the number of batches replayed. Raises ``SystemExit`` when a replayed step
+    differs from the record by more than :data:`REPLAY_RTOL` (the saved files come from another run)."""
+    count = replayable_batches(out, arms)
+    if not count:
+        return 0
+    print(f"E1 {out}: no state.pt; replaying naive's step over the {count} saved batches", flush=True)
+    checks = []
+    for b in range(count):
+        batch = torch.load(os.path.join(out, "batches", f"b{b:03d}.pt"), weights_only=False)["batch"]
+        with open(_result_path(out, b, "naive"), encoding="utf-8") as f:
+            recorded = json.load(f)
+        step = optimizer_step(trainer, batch, naive_fields)
+        trainer.state.global_step += 1
+        check = {"batch": b, **{f"{k}_diff": step[k] - recorded[k] for k in ("loss", "grad_norm")},
+                 **{f"{k}_recorded": recorded[k] for k in ("loss", "grad_norm")}}
+        checks.append(check)
+        print(f"replayed batch {b}: loss {step['loss']:.6f} (recorded {recorded['loss']:.6f}), grad norm "
+              f"{step['grad_norm']:.6f} (recorded {recorded['grad_norm']:.6f})", flush=True)
+        for k in ("loss", "grad_norm"):
+            if abs(step[k] - recorded[k]) > REPLAY_RTOL * max(abs(recorded[k]), 1e-3):
+                raise SystemExit(f"Replaying batch {b} gave {k} {step[k]:.6g}, recorded {recorded[k]:.6g}: the saved "
+                                 f"batches and results in {out} come from another run or settings; delete it to "
+                                 "start again.")
+    with open(os.path.join(out, "replay.json"), "w", encoding="utf-8") as f:
+        json.dump(checks, f, indent=2)
+    return count
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = resolve_settings(args)
@@ -397,6 +447,8 @@ def main(argv=None) -> dict:
     for sub in ("batches", "results"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     first = read_progress(out)
+    if not os.path.exists(os.path.join(out, "state.pt")):
+        first = replayable_batches(out, args.arms)  # replayed below, once the trainer exists
     missing = [b for b in range(min(first, args.batches))
                if any(not os.path.exists(_result_path(out, b, a)) for a in args.arms)]
     if missing:  # their start state is gone (only the resume point's is kept)
@@ -430,7 +482,13 @@ def main(argv=None) -> dict:
             items = heldout_items(trainer, held_out, train, settings["eval_size"])
             state = State(trainer)
             state_path = os.path.join(out, "state.pt")
-            if first:
+            if not os.path.exists(state_path):
+                first = replay(trainer, out, fields["naive"], args.arms)
+                if first:
+                    _atomic_save({**state.snapshot(), "next_batch": first, "global_step": trainer.state.global_step},
+                                 state_path)
+                    write_progress(out, first)
+            elif first:
                 saved = torch.load(state_path, weights_only=False)
                 if saved["next_batch"] != first:
                     raise SystemExit(f"{state_path} is at batch {saved['next_batch']}, {PROGRESS_FILE} at {first}: "

@@ -153,7 +153,8 @@ def _free_port() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_smoke_mode_end_to_end_and_resume(tmp_path):
-    """One batch x 7 arms on a tiny random Qwen3, then the run extended by a batch (resume from state.pt)."""
+    """One batch x 7 arms on a tiny random Qwen3, then the run extended by a batch after its state.pt is deleted
+    (resume by replaying the saved batch, as a committed run copied to a new machine does)."""
     out = tmp_path / "e1"
     env = {**os.environ, "MASTER_PORT": _free_port(), "PYTHONPATH": ROOT}
     cmd = [sys.executable, SCRIPT, "--smoke", "--batches", "1", "--output-dir", str(out)]
@@ -189,10 +190,15 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and "All 1 batches done." in again.stdout, again.stderr[-2000:]
 
+    # a committed run has no state.pt (1.6 GB at full fine-tuning): the extension replays naive's step over batch 0
+    (run / "state.pt").unlink()
     extend = [*cmd[:-4], "--batches", "2", "--arms", "naive", "tis", "--output-dir", str(out)]
     more = subprocess.run(extend, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
-    assert "resuming at batch 1" in more.stdout
+    assert "replaying naive's step over the 1 saved batches" in more.stdout and "resuming at batch 1" in more.stdout
+    (check,) = json.loads((run / "replay.json").read_text())
+    assert check["loss_diff"] == pytest.approx(0.0, abs=1e-4 * max(abs(check["loss_recorded"]), 1e-3))
+    assert check["grad_norm_diff"] == pytest.approx(0.0, abs=1e-3 * check["grad_norm_recorded"])
     assert {p.name for p in (run / "results").iterdir()} == results | {"b001_naive.json", "b001_tis.json"}
     assert json.loads((run / "progress.json").read_text()) == {"next_batch": 2}
 
