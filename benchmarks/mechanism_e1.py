@@ -22,7 +22,8 @@ Layout of ``OUTPUT_DIR/<lora<R>|full>/``: ``e1.json`` (the settings; a folder ma
 ``progress.json`` (the next batch), ``batches/b<NNN>.pt`` (the rollout batch: prompts, completions, sampler and
 learner log-probs, advantages, and the re-scored log-probs before the step), ``results/b<NNN>_<arm>.json`` (one file
 per batch and arm), ``state.pt`` (the run's model and optimizer state at the next batch: the resume point; one
-state, overwritten, since a full fine-tuning state of SmolLM2-135M is 1.6 GB), ``report.json`` and ``report.md``.
+state, overwritten, since a full fine-tuning state of SmolLM2-135M is 1.6 GB), ``report.json``, ``report.md`` and
+``e1_quadrants.png`` (the per-quadrant gap changes and the paired k3 changes, with their intervals).
 Rerunning the same command resumes at the first unfinished batch (a larger ``--batches`` extends a finished run):
 its saved rollouts are reused, and its existing (batch, arm) results are not recomputed. A result deleted from an
 earlier batch cannot be redone (its start state is not kept): the script says so. A folder without ``state.pt``
@@ -47,6 +48,7 @@ import torch
 from triage_trl.lab.configs import add_setting_arguments, build_trainer_config, resolve_settings
 from triage_trl.lab.mechanism import (ARMS, MEASURES, OBJECTIVE_FIELDS, batch_quadrants, engine_moves,
                                       mismatch_stats, paired_bootstrap, trl_importance_ratio)
+from triage_trl.lab.plots import write_e1_quadrants
 from triage_trl.lab.probe import learner_logps, rescore
 
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
@@ -269,7 +271,8 @@ def load_results(out: str) -> list[dict]:
 
 
 def report(out: str) -> dict:
-    """Paired differences of every arm against naive over the batches both have; writes report.json/report.md."""
+    """Paired differences of every arm against naive over the batches both have; writes report.json, report.md and
+    e1_quadrants.png."""
     records = load_results(out)
     by = {(r["batch"], r["arm"]): r for r in records}
     arms = [a for a in ARMS if any(r["arm"] == a for r in records)]
@@ -303,6 +306,8 @@ def report(out: str) -> dict:
             "sampler, nats/token; p99: nats; heldout_ll: nats/token.\n\n" + "\n".join(lines) + "\n")
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
         f.write(text)
+    if table:
+        write_e1_quadrants(table, os.path.join(out, "e1_quadrants.png"))
     return table
 
 

@@ -142,6 +142,7 @@ def test_report_pairs_each_arm_with_naive(tmp_path):
     assert table["triage"]["k3_vs_naive"]["low"] == pytest.approx(-0.05)
     text = (tmp_path / "report.md").read_text()
     assert "| triage | 3 | +1.0500 (-0.0500 [-0.0500, -0.0500])" in text
+    assert (tmp_path / "e1_quadrants.png").stat().st_size > 1000
 
 
 def _free_port() -> str:

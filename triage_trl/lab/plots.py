@@ -99,3 +99,49 @@ def write_observations(histories: list[list[dict]], path: str, config: str = "nv
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def write_e1_quadrants(table: dict[str, dict], path: str) -> str:
+    """E1's figure: per arm, the mean change over one optimizer step of the gap in each quadrant (NA, PA, NC, PC),
+    and the paired difference of each arm's k3 change with naive's; bars are means over batches, whiskers the
+    percentile bootstrap 95% intervals. ``table`` is ``benchmarks/mechanism_e1.py``'s report (``{arm: {measure:
+    {"mean", "low", "high"}, f"{measure}_vs_naive": ...}}``); returns ``path``."""
+    plt = _pyplot()
+    arms = list(table)
+    quadrants = ("NA", "PA", "NC", "PC")
+    colors = {"NA": "tab:red", "PA": "tab:blue", "NC": "tab:orange", "PC": "tab:green"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6), dpi=100, gridspec_kw={"width_ratios": (2, 1)})
+    width = 0.8 / len(quadrants)
+    for j, q in enumerate(quadrants):
+        cells = [table[a].get(f"gap_{q}", {}) for a in arms]
+        means = [c.get("mean", math.nan) for c in cells]
+        errors = [[max(m - c.get("low", m), 0.0) if math.isfinite(c.get("low", math.nan)) else 0.0
+                   for m, c in zip(means, cells)],
+                  [max(c.get("high", m) - m, 0.0) if math.isfinite(c.get("high", math.nan)) else 0.0
+                   for m, c in zip(means, cells)]]
+        xs = [i + (j - 1.5) * width for i in range(len(arms))]
+        left.bar(xs, means, width, yerr=errors, color=colors[q], label=q, capsize=2)
+    left.axhline(0.0, color="gray", linewidth=1)
+    n = max((table[a].get("batches", 0) for a in arms), default=0)
+    left.set_title(f"E1: change of the mean learner - sampler gap per quadrant over one step\n"
+                   f"mean over {n} batch(es), whiskers: bootstrap 95%", fontsize=10)
+    left.set_ylabel("after - before (nats / token)")
+    left.set_xticks(range(len(arms)), arms, rotation=20, fontsize=8)
+    left.legend(fontsize=8)
+    others = [a for a in arms if "k3_vs_naive" in table[a]]
+    cells = [table[a]["k3_vs_naive"] for a in others]
+    means = [c["mean"] for c in cells]
+    errors = [[max(c["mean"] - c["low"], 0.0) if math.isfinite(c["low"]) else 0.0 for c in cells],
+              [max(c["high"] - c["mean"], 0.0) if math.isfinite(c["high"]) else 0.0 for c in cells]]
+    right.bar(range(len(others)), means, yerr=errors, color="tab:purple", capsize=3)
+    right.axhline(0.0, color="gray", linewidth=1)
+    right.set_title("change of k3 minus naive's, paired by batch\n(below 0: the arm widens the mismatch less)",
+                    fontsize=10)
+    right.set_ylabel("nats / token")
+    right.set_xticks(range(len(others)), others, rotation=20, fontsize=8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
