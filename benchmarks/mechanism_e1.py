@@ -464,10 +464,13 @@ def main(argv=None) -> dict:
         return report(out)
 
     from triage_trl.runs import demo_rewards, lora_config, recipe_datasets, resolve_model
-    from triage_trl.runtime import vllm_process_settings
+    from triage_trl.runtime import native_bf16_gemm, vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 
     start = time.perf_counter()
+    # both engines' compute dtype follows the CPU kind: recorded per result, since a run resumed by replay may go on
+    # on another kind (each batch's arms still share one machine)
+    native_bf16 = native_bf16_gemm()
     settings["max_steps"] = args.batches
     settings["num_iterations"] = 1  # one step per batch and arm (TRL's sampler would repeat each batch otherwise)
     with vllm_process_settings():
@@ -557,7 +560,7 @@ def main(argv=None) -> dict:
                                               learner1, sampler1, batch["completion_mask"]))
                     result = {"batch": b, "arm": arm, "config": ARMS[arm], "before": before, "after": after,
                               "delta": delta, **step, "seconds": time.perf_counter() - t_arm,
-                              "phase_seconds": phases}
+                              "phase_seconds": phases, "native_bf16_gemm": native_bf16}
                     if arm == "opsm":
                         result["opsm_dropped_frac"] = opsm_dropped_frac(trainer, batch,
                                                                         fields[arm]["off_policy_mask_threshold"])

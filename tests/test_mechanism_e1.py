@@ -170,6 +170,7 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
         d = r["delta"]  # the mean gap's change is the learner's move minus the sampler's
         assert d["gap_mean"] == pytest.approx(d["learner_move"] - d["sampler_move"], abs=1e-5), arm
         assert math.isfinite(r["grad_norm"]) and r["before"] == records["naive"]["before"]  # one common start
+        assert isinstance(r["native_bf16_gemm"], bool), arm
     assert records["tis"]["loss"] != records["naive"]["loss"]  # the arms' objectives reach the loss
     assert 0.0 <= records["opsm"]["opsm_dropped_frac"] <= 1.0
     saved = torch.load(run / "batches" / "b000.pt", weights_only=False)
