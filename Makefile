@@ -30,9 +30,9 @@ test: install
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS)
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
-# arithmetic, about 8 minutes on 2 CPU cores with AVX512-BF16; on AVX2-only CPUs both engines now run float32 and a
-# step takes about 48 s (benchmarks/bench_step.py), so 12 steps and two evaluations take over 10 minutes. Writes runs/demo (LoRA
-# adapter, card, trainer_state.json, plots/). DEMO_ARGS=--quick: 2 steps.
+# arithmetic: 6-7 minutes on 2 CPU cores with AVX512-BF16; 10.2 minutes on 2 AVX2-only cores (2026-12-04: both
+# engines in float32, 12 steps of about 40 s). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
+# DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
 	$(BIN)/python -m triage_trl.demo --output-dir runs/demo $(DEMO_ARGS)
