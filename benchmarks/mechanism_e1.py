@@ -4,7 +4,8 @@ learner-sampler gap, and does TRIAGE's step widen it less than the other objecti
 A naive NVFP4 run (lab configuration ``nvfp4_naive``, default dose ``stress``) generates rollout batches with the
 project's trainer and sampler. For each batch, from the identical state (model, optimizer, batch), every arm of
 :data:`triage_trl.lab.mechanism.ARMS` (naive, TIS, OPSM, TRIAGE full, rebalance only, repair only, the
-direction-blind control) takes one optimizer step through ``TriageGRPOTrainer.compute_loss`` with its own objective
+direction-blind control, and naive with the advantages permuted within groups: the null model of the quadrant
+changes) takes one optimizer step through ``TriageGRPOTrainer.compute_loss`` with its own objective
 fields; the sampler is re-synced and both engines re-score the same completions (at ``--score-temperature``, default
 1: the learner through its own forward, the sampler through vLLM's prompt log-probs). Recorded per (batch, arm), as
 ``after - before``: k3, the mean gap, the mean gap per quadrant (NA, PA, NC, PC: fixed by the advantage and the gap
@@ -46,8 +47,9 @@ import time
 import torch
 
 from triage_trl.lab.configs import add_setting_arguments, build_trainer_config, resolve_settings
-from triage_trl.lab.mechanism import (ARMS, MEASURES, OBJECTIVE_FIELDS, batch_quadrants, engine_moves,
-                                      mismatch_stats, paired_bootstrap, trl_importance_ratio)
+from triage_trl.lab.mechanism import (ARMS, MEASURES, OBJECTIVE_FIELDS, PERMUTED_ARMS, batch_quadrants,
+                                      engine_moves, mismatch_stats, paired_bootstrap, permute_within_groups,
+                                      trl_importance_ratio)
 from triage_trl.lab.plots import write_e1_quadrants
 from triage_trl.lab.probe import learner_logps, rescore
 
@@ -542,7 +544,11 @@ def main(argv=None) -> dict:
                         continue
                     t_arm = time.perf_counter()
                     state.restore(start_state)
-                    step = optimizer_step(trainer, batch, fields[arm])
+                    arm_batch = batch
+                    if arm in PERMUTED_ARMS:
+                        arm_batch = {**batch, "advantages": permute_within_groups(batch["advantages"],
+                                                                                  config.num_generations, b)}
+                    step = optimizer_step(trainer, arm_batch, fields[arm])
                     if arm == "naive":
                         next_state = state.snapshot()
                         if os.path.exists(path):

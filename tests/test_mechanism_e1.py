@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from triage_trl.lab.configs import scale_preset
-from triage_trl.lab.mechanism import (ARMS, MEASURES, batch_quadrants, engine_moves, mismatch_stats,
-                                      paired_bootstrap, trl_importance_ratio)
+from triage_trl.lab.mechanism import (ARMS, MEASURES, PERMUTED_ARMS, batch_quadrants, engine_moves, mismatch_stats,
+                                      paired_bootstrap, permute_within_groups, trl_importance_ratio)
 from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +79,19 @@ def test_trl_importance_ratio_modes():
                                torch.tensor([[1.5]]))
     with pytest.raises(ValueError, match="Unknown vllm_importance_sampling_mode"):
         trl_importance_ratio(old, sampler, mask, "token", None, 2.0)
+
+
+def test_permute_within_groups_keeps_each_groups_values():
+    adv = torch.tensor([1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, -4.0])
+    permuted = permute_within_groups(adv, 4, seed=3)
+    assert sorted(permuted[:4].tolist()) == [1.0, 2.0, 3.0, 4.0]
+    assert sorted(permuted[4:].tolist()) == [-4.0, -3.0, -2.0, -1.0]
+    assert not torch.equal(permuted, adv)
+    torch.testing.assert_close(permute_within_groups(adv, 4, seed=3), permuted)  # seeded by the batch index
+    assert permute_within_groups(adv[:, None], 4, seed=3).shape == (8, 1)
+    with pytest.raises(ValueError, match="groups of 3"):
+        permute_within_groups(adv, 3, seed=0)
+    assert PERMUTED_ARMS <= set(ARMS) and ARMS["naive_permuted"] == "nvfp4_naive"
 
 
 def test_paired_bootstrap():
@@ -172,6 +185,8 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
         assert math.isfinite(r["grad_norm"]) and r["before"] == records["naive"]["before"]  # one common start
         assert isinstance(r["native_bf16_gemm"], bool), arm
     assert records["tis"]["loss"] != records["naive"]["loss"]  # the arms' objectives reach the loss
+    # permuted advantages: another gradient (the loss value at ratio 1 can tie when completions have equal lengths)
+    assert records["naive_permuted"]["grad_norm"] != records["naive"]["grad_norm"]
     assert 0.0 <= records["opsm"]["opsm_dropped_frac"] <= 1.0
     saved = torch.load(run / "batches" / "b000.pt", weights_only=False)
     batch = saved["batch"]

@@ -26,9 +26,19 @@ ARMS: dict[str, str] = {
     "rebalance_only": "triage_no_repair",
     "repair_only": "triage_no_rebalance",
     "direction_blind": "direction_blind",
+    "naive_permuted": "nvfp4_naive",
 }
 """E1's arms -> the lab configuration (:mod:`triage_trl.lab.configs`) whose objective each arm applies. ``naive``
-comes first: its step also advances the run."""
+comes first: its step also advances the run. ``naive_permuted`` is the null model of the quadrant changes
+(:data:`PERMUTED_ARMS`)."""
+
+PERMUTED_ARMS = frozenset({"naive_permuted"})
+"""Arms that take naive's step with the batch's advantages permuted among the completions of each group
+(:func:`permute_within_groups`): the same step size and reward spread, with no link between a completion's
+advantage and its tokens' gaps. The quadrants stay those of the true advantages. Quadrants are selected by the sign
+of the gap before the step, so under any step that moves the sampler's 4-bit rounding their mean gaps regress toward
+0; this arm measures that regression, and ``naive - naive_permuted`` on the NA gap is the mechanism's own effect
+(a reconstruction: the paper's abstract gives no such control)."""
 
 OBJECTIVE_FIELDS = (
     *TriageConfig.__dataclass_fields__,
@@ -155,3 +165,25 @@ def trl_importance_ratio(old_logps: torch.Tensor, sampler_logps: torch.Tensor, m
         return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
     raise ValueError(f"Unknown vllm_importance_sampling_mode {mode!r}: use token_truncate, token_mask, "
                      "sequence_truncate or sequence_mask.")
+
+
+def permute_within_groups(advantages: torch.Tensor, group_size: int, seed: int) -> torch.Tensor:
+    """The advantages permuted among the completions of each group (groups are consecutive rows, as in TRL's
+    batches), with a ``torch.Generator`` seeded by ``seed`` (E1 seeds it with the batch index).
+
+    Args:
+        advantages: (B,) or (B, 1) one advantage per completion; B a multiple of ``group_size``.
+
+    Returns:
+        A tensor of the same shape and dtype: each group holds the same values in another order.
+
+    Raises:
+        ValueError: B is not a multiple of ``group_size``.
+    """
+    flat = advantages.reshape(-1)
+    if group_size < 1 or flat.numel() % group_size:
+        raise ValueError(f"{flat.numel()} advantages do not split into groups of {group_size}: pass whole groups.")
+    groups = flat.view(-1, group_size)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.argsort(torch.rand(groups.shape, generator=generator), dim=1)
+    return torch.gather(groups, 1, order).reshape(advantages.shape)
