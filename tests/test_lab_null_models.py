@@ -1,6 +1,7 @@
 """The lab's null models (docs/stability.md, "Null models") and the pre-registered cost / gain / stability rules."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -121,3 +122,22 @@ def test_pre_registered_collapse_rule():
     assert collapse_by_rule(drop, k3, grads) == {"collapsed": True, "reason": "reward", "step": 19}
     recovered = [0.8] * 15 + [0.3] * 10 + [0.8] * 10
     assert not collapse_by_rule(recovered, k3, grads)["collapsed"]
+
+
+def test_run_collapse_reports_the_optimizer_step(tmp_path):
+    from triage_trl.lab.metrics import run_collapse
+    from triage_trl.lab.plots import write_overlay
+
+    # two updates per rollout: reward and k3 logged at odd steps only, the grad norm at every step
+    history = []
+    for step in range(1, 61):
+        record = {"step": step, "grad_norm": 1.0}
+        if step % 2:
+            record.update({"reward": 0.5, "triage/k3_kl": COLLAPSE_K3_FACTOR * 0.1 if step == 41 else 0.1})
+        history.append(record)
+    assert run_collapse(history) == {"collapsed": True, "reason": "k3", "step": 41}  # the 21st logged value
+    history[10]["grad_norm"] = math.nan
+    assert run_collapse(history) == {"collapsed": True, "reason": "grad_norm", "step": 11}
+    path = write_overlay({"nvfp4_naive@stress": [history]}, str(tmp_path / "overlay.png"),
+                         {"nvfp4_naive@stress": [11]})
+    assert os.path.getsize(path) > 10_000

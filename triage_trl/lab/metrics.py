@@ -322,21 +322,26 @@ def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, sampl
     slopes, probe_slopes, collapses = [], [], []
     for r in runs:
         history = r.get("history") or []
-        steps, k3 = step_series(history, "triage/k3_kl")
-        reward_steps, rewards = step_series(history, "reward")
-        # every optimizer step's grad norm (with several updates per rollout only rollout steps log a reward)
-        grad_steps = [h["step"] for h in history if "grad_norm" in h and "step" in h]
-        grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h and "step" in h]
-        slopes.append(k3_log_slope(steps, k3))
+        slopes.append(k3_log_slope(*step_series(history, "triage/k3_kl")))
         probe = r.get("probe") or []
         probe_slopes.append(k3_log_slope([p["step"] for p in probe], [p["k3"] for p in probe]))
-        verdict = collapse_by_rule(rewards, k3, grad_norms)
-        if verdict["collapsed"]:  # the series index -> the optimizer step it was logged at
-            series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}[verdict["reason"]]
-            verdict["step"] = series_steps[verdict["step"] - 1]
-        collapses.append(verdict)
+        collapses.append(run_collapse(history))
     return {"cost": cost, **gains, "k3_slope": mean_std(slopes)[0], "probe_k3_slope": mean_std(probe_slopes)[0],
             "collapses": collapses}
+
+
+def run_collapse(history: list[dict]) -> dict:
+    """:func:`collapse_by_rule` on one run's log history, its ``step`` the optimizer step (rewards and k3 are logged
+    at rollout steps only when a rollout serves several updates; the grad norm at every step)."""
+    steps, k3 = step_series(history, "triage/k3_kl")
+    reward_steps, rewards = step_series(history, "reward")
+    grad_steps = [h["step"] for h in history if "grad_norm" in h and "step" in h]
+    grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h and "step" in h]
+    verdict = collapse_by_rule(rewards, k3, grad_norms)
+    if verdict["collapsed"]:  # the series index -> the optimizer step it was logged at
+        series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}[verdict["reason"]]
+        verdict["step"] = series_steps[verdict["step"] - 1]
+    return verdict
 
 
 def collapse_rule_text() -> str:

@@ -10,7 +10,7 @@ import math
 
 from .metrics import step_series
 
-OVERLAY_PANELS = (("reward", "Training reward (mean over completions)", "reward (1.0 x accuracy + 0.1 x format)"),
+OVERLAY_PANELS = (("reward", "Training reward (mean over completions)", "reward (weighted sum of the run's reward functions)"),
                   ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"))
 
 
@@ -52,16 +52,26 @@ def _draw(ax, histories, key, label, color):
     return True
 
 
-def write_overlay(runs: dict[str, list[list[dict]]], path: str) -> str:
-    """Reward and k3 KL against the optimizer step for every configuration (one colour each); returns ``path``."""
+def write_overlay(runs: dict[str, list[list[dict]]], path: str,
+                  collapse_steps: dict[str, list[int]] | None = None) -> str:
+    """Reward and k3 KL (log scale) against the optimizer step for every configuration (one colour each); a
+    ``collapse_steps[name]`` step (one per collapsed seed, :func:`triage_trl.lab.metrics.run_collapse`) is drawn as a
+    dotted vertical line in the configuration's colour on both panels; returns ``path``."""
     plt = _pyplot()
     colors = plt.get_cmap("tab20").colors
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=100)
     for ax, (key, title, ylabel) in zip(axes, OVERLAY_PANELS):
         for i, (name, histories) in enumerate(runs.items()):
             n = len(histories)
-            _draw(ax, histories, key, f"{name} (n={n})", colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20])
-        ax.set_title(f"{title}\nmean over seeds, band: min-max", fontsize=10)
+            color = colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
+            _draw(ax, histories, key, f"{name} (n={n})", color)
+            for step in (collapse_steps or {}).get(name, []):
+                ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
+        log = key == "triage/k3_kl"
+        if log and ax.lines:
+            ax.set_yscale("log")
+        marks = ", dotted: collapse (pre-registered rule)" if any((collapse_steps or {}).values()) else ""
+        ax.set_title(f"{title}{' (log scale)' if log else ''}\nmean over seeds, band: min-max{marks}", fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

@@ -23,8 +23,8 @@ import os
 
 from ..runtime.run_logs import read_log_history, read_records
 from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
-from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_metrics,
-                      step_series)
+from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_collapse,
+                      run_metrics, step_series)
 from .plots import seed_values_by_step, write_observations, write_overlay
 
 RESULTS = "results.md"
@@ -291,8 +291,10 @@ def summarize(lab_dir: str) -> str:
     for name, rows in runs.items():
         lines.append(f"- `{name}`: {_describe(name, rows)}")
     lines += ["", "## Runs", ""] + _per_run(runs)
+    collapse_steps = {name: [c["step"] for c in (run_collapse(r["history"]) for r in rows) if c["collapsed"]]
+                      for name, rows in runs.items()}
     write_overlay({name: [r["history"] for r in rows] for name, rows in runs.items()},
-                  os.path.join(lab_dir, "overlay.png"))
+                  os.path.join(lab_dir, "overlay.png"), collapse_steps)
     lines += ["", "## Plots", "", "![reward and k3 KL, all configurations](overlay.png)", "",
               "Per run: `runs/<configuration>/seed<S>/plots/*.png` (`triage-report`)."]
     observed = [label for label in runs if split_label(label)[0] == OBSERVED_CONFIG]
