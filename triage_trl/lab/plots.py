@@ -10,7 +10,8 @@ import math
 
 from .metrics import step_series
 
-OVERLAY_PANELS = (("reward", "Training reward (mean over completions)", "reward (weighted sum of the run's reward functions)"),
+OVERLAY_PANELS = (("reward", "Training reward (mean over completions)",
+                   "reward (weighted sum of the run's reward functions)"),
                   ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"))
 
 
