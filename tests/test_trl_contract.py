@@ -1,6 +1,8 @@
 """The TRL contract (``triage_trl/trainer/trl_contract.py``): every TRL name, attribute, batch key and behaviour the
 project relies on exists in the installed TRL; a missing one fails here first, with a message naming it and its use."""
 
+import contextlib
+
 import pytest
 import trl
 
@@ -55,3 +57,54 @@ def test_trainer_checks_the_contract_before_loading_a_model(monkeypatch, tmp_pat
 def test_requirement_on_an_unknown_module_is_reported():
     with pytest.raises(TRLContractError, match="trl.no_such_module:Thing is missing"):
         check_trl_contract((Requirement("trl.no_such_module:Thing", "nothing"),))
+
+
+def test_compact_fused_lm_head_on_cpu_is_scoped_and_cpu_only():
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    from triage_trl.trainer.trl_seam import compact_fused_lm_head_on_cpu
+
+    original = trl_utils._use_triton
+    assert original(torch.device("cpu")) is False  # TRL scores every position on CPU by itself
+    with compact_fused_lm_head_on_cpu():
+        assert trl_utils._use_triton(torch.device("cpu")) is True
+        assert trl_utils._use_triton(torch.device("meta")) is original(torch.device("meta"))
+    assert trl_utils._use_triton is original
+    with pytest.raises(RuntimeError, match="boom"), compact_fused_lm_head_on_cpu():
+        raise RuntimeError("boom")
+    assert trl_utils._use_triton is original
+
+
+def test_compact_fused_lm_head_gives_the_same_log_probs_entropies_and_gradients(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from triage_trl.testing import save_tiny_qwen3
+    from triage_trl.trainer.trl_seam import compact_fused_lm_head_on_cpu
+
+    save_tiny_qwen3(tmp_path / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float32)
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (4, 24), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    attention[0, :5] = 0  # a left-padded prompt
+    labels = ids.masked_fill(attention == 0, -100)
+    labels[:, :-7] = -100  # only the last 7 tokens (the completion) are scored
+
+    def score(compact: bool):
+        model.zero_grad()
+        with compact_fused_lm_head_on_cpu() if compact else contextlib.nullcontext():
+            out = model(input_ids=ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        logps, entropy = out.log_probs[:, -7:], out.entropy[:, -7:]
+        (logps.sum() + 0.1 * entropy.sum()).backward()
+        return logps.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    full, compact = score(False), score(True)
+    torch.testing.assert_close(compact[0], full[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(compact[1], full[1], atol=1e-6, rtol=1e-6)
+    assert len(compact[2]) == len(full[2]) > 0
+    for got, expected in zip(compact[2], full[2]):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

@@ -38,7 +38,7 @@ from .run_checks import check_run_inputs, hold_output_dir
 from .sync_probe import (PROBE_TEMPERATURE, StaleSamplerError, classify_probe, expected_probe_gap, probe_batch,
                          probe_gap, probe_token_ids, untracked_move)
 from .trl_contract import check_trl_contract
-from .trl_seam import TRLContractError, trl_builds_sampler_with
+from .trl_seam import TRLContractError, compact_fused_lm_head_on_cpu, trl_builds_sampler_with
 
 logger = logging.getLogger(__name__)
 
@@ -365,6 +365,13 @@ class TriageGRPOTrainer(GRPOTrainer):
             if self.args.triage_replaces_trl_ratio:
                 inputs["importance_sampling_ratio"] = weights
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+        """TRL's learner log-prob path (arguments and return value are TRL's), with its fused LM head scoring only
+        the completion tokens on CPU too (:func:`trl_seam.compact_fused_lm_head_on_cpu`: the same log-probs, bit for
+        bit, without the vocabulary projection of every prompt position)."""
+        with compact_fused_lm_head_on_cpu():
+            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
     @contextlib.contextmanager
     def _weights_from_loss_forward(self, inputs: dict[str, Any], zero_signal: torch.Tensor | None):

@@ -54,6 +54,11 @@ TRL_CONTRACT: tuple[Requirement, ...] = (
     Requirement("trl:GRPOTrainer._get_per_token_logps_and_entropies",
                 "the sync probe scores the probe sequence with TRL's own learner log-prob path; compute_loss wraps it "
                 "to take TRIAGE's learner log-probs from the loss forward when the rollout-time forward is skipped"),
+    Requirement("trl.trainer.utils:_use_triton",
+                "trl_seam.compact_fused_lm_head_on_cpu: the fused LM head scores only the completion tokens on CPU"),
+    Requirement("trl.trainer.utils:add_fused_lm_head",
+                "trl_seam.compact_fused_lm_head_on_cpu: its forward picks the scored positions with _use_triton",
+                ("compact = _use_triton(hidden_states.device)",)),
     Requirement("trl:GRPOTrainer.compute_loss", "TriageGRPOTrainer.compute_loss adds TRIAGE's weights, then calls it",
                 ("self._compute_loss(model, inputs)",)),
     Requirement("trl:GRPOTrainer._compute_loss",
