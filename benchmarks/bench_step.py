@@ -58,7 +58,8 @@ class StepClock(TrainerCallback):
         self.steps: list[dict[str, float]] = []
         self.work: list[dict[str, int]] = []  # per step: the token counts the floor is computed from
         self._nesting: list[float] = []
-        self._tokens = {"logprobs": 0, "loss": 0, "prompt": 0, "sequences": 0, "new": 0, "backward": 0}
+        self._tokens = {"logprobs": 0, "logprobs_scored": 0, "loss": 0, "loss_scored": 0, "prompt": 0,
+                        "sequences": 0, "new": 0, "backward": 0, "backward_scored": 0}
         self._in_loss = False
         self._count_work(trainer)
         gen = trainer.vllm_generation
@@ -74,9 +75,13 @@ class StepClock(TrainerCallback):
                                            trainer.vllm_generation.generate, trainer.accelerator.backward)
 
         def logps_counted(model, input_ids, *args, **kwargs):
+            keep = kwargs.get("logits_to_keep", args[1] if len(args) > 1 else input_ids.size(1))
+            scored = input_ids.size(0) * min(int(keep), input_ids.size(1))  # the positions the lm_head scores
             counts["logprobs"] += input_ids.numel()
+            counts["logprobs_scored"] += scored
             if clock._in_loss:
                 counts["loss"] += input_ids.numel()
+                counts["loss_scored"] += scored
             return logps(model, input_ids, *args, **kwargs)
 
         def loss_counted(*args, **kwargs):
@@ -95,7 +100,8 @@ class StepClock(TrainerCallback):
 
         def backward_counted(*args, **kwargs):
             counts["backward"] += counts["loss"]
-            counts["loss"] = 0
+            counts["backward_scored"] += counts["loss_scored"]
+            counts["loss"] = counts["loss_scored"] = 0
             return backward(*args, **kwargs)
 
         trainer._get_per_token_logps_and_entropies = logps_counted
@@ -127,8 +133,8 @@ def floors(floor: StepFloor, work: dict[str, int], syncs: int) -> dict[str, floa
     return {
         "generation": floor.generation(work["prompt"], work["sequences"], work["new"]),
         "sync": syncs * floor.sync(),
-        "logprobs": floor.forward(work["logprobs"]),
-        "backward": floor.backward(work["backward"]),
+        "logprobs": floor.forward(work["logprobs"], work["logprobs_scored"]),
+        "backward": floor.backward(work["backward"], work["backward_scored"]),
         "optimizer": floor.optimizer(),
     }
 

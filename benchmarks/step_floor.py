@@ -3,8 +3,10 @@ measures on the model's own shapes, phase by phase (``bench_step.py`` prints mea
 
 The floor of a phase counts only the work it cannot avoid, at the machine's measured rates:
 
-* a learner forward of ``n`` tokens: ``2 x linear parameters x n`` FLOPs (every linear and the ``lm_head``;
-  attention scores, norms and the log-softmax are left out, so the floor is low) at the measured GEMM throughput;
+* a learner forward of ``n`` tokens of which ``s`` are scored (the completion tokens): ``2 x (decoder linear
+  parameters x n + lm_head parameters x s)`` FLOPs (the vocabulary projection of a prompt position is thrown away,
+  and the trainer no longer computes it on CPU; attention scores, norms and the log-softmax are left out, so the
+  floor is low) at the measured GEMM throughput;
 * a backward: the input gradients (one forward's FLOPs) plus the weight gradients of the trainable share (one
   forward's FLOPs times ``trainable / total`` linear parameters: ~0 for LoRA, 1 for full fine-tuning);
 * generation: the prompts' prefill as a forward, then per decoding step the larger of reading every weight once
@@ -90,6 +92,8 @@ class StepFloor:
     def __init__(self, model: torch.nn.Module, engine_bytes_per_param: int):
         self.base_shapes = linear_shapes(model)
         self.linear_params = sum(k * n * c for (k, n), c in self.base_shapes.items())
+        head = model.get_output_embeddings()
+        self.head_params = head.in_features * head.out_features if isinstance(head, torch.nn.Linear) else 0
         params = list(model.parameters())
         self.param_bytes = sum(p.numel() * p.element_size() for p in params)
         self.trainable_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
@@ -98,11 +102,13 @@ class StepFloor:
         self.engine_bytes = self.linear_params * engine_bytes_per_param
         self.flops_per_s, self.bytes_per_s, self.bf16_flops_per_s = machine_rates(self.base_shapes)
 
-    def forward(self, tokens: int) -> float:
-        return 2.0 * self.linear_params * tokens / self.flops_per_s
+    def forward(self, tokens: int, scored: int | None = None) -> float:
+        """A learner forward of ``tokens`` positions, ``scored`` of them through the ``lm_head`` (default: all)."""
+        scored = tokens if scored is None else scored
+        return 2.0 * ((self.linear_params - self.head_params) * tokens + self.head_params * scored) / self.flops_per_s
 
-    def backward(self, tokens: int) -> float:
-        return self.forward(tokens) * (1.0 + self.trainable_share)
+    def backward(self, tokens: int, scored: int | None = None) -> float:
+        return self.forward(tokens, scored) * (1.0 + self.trainable_share)
 
     def generation(self, prompt_tokens: int, sequences: int, new_tokens: int) -> float:
         decode_step = max(self.engine_bytes / self.bytes_per_s, 2.0 * self.linear_params * sequences / self.flops_per_s)

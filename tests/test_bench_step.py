@@ -65,6 +65,29 @@ def test_timed_without_nesting_prints_inclusive_time(timed_work, capsys):
     assert seconds == [5.5] and capsys.readouterr().out == "outer_s=5.500\n"
 
 
+def test_floor_counts_the_lm_head_on_scored_positions_only(monkeypatch):
+    import torch
+
+    step_floor = load_script("benchmarks/step_floor.py")
+    monkeypatch.setattr(step_floor, "machine_rates", lambda shapes: (1e9, 1e9, None))
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(8, 16)
+            self.lm_head = torch.nn.Linear(16, 100)
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    floor = step_floor.StepFloor(Tiny(), engine_bytes_per_param=4)
+    assert (floor.linear_params, floor.head_params) == (1728, 1600)
+    # 10 positions through the body, 2 of them through the head (the completion tokens)
+    assert floor.forward(10, 2) == pytest.approx(2 * (128 * 10 + 1600 * 2) / 1e9)
+    assert floor.forward(10) == pytest.approx(2 * 1728 * 10 / 1e9)
+    assert floor.backward(10, 2) == pytest.approx(floor.forward(10, 2) * 2)  # every weight trainable
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench_step_smoke_prints_every_phase_and_the_ratio():
