@@ -78,6 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "about 6 million values per 128-token sequence on SmolLM2)")
     parser.add_argument("--output-dir", default="runs/mechanism_e1")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved results")
+    parser.add_argument("--replay-rtol", type=float, default=None,
+                        help="largest relative difference of a replayed naive step's loss and grad norm from the "
+                        "recorded ones (default REPLAY_RTOL, 1e-2); raise it knowingly to go on on another CPU kind, "
+                        "whose GEMM dtype differs")
     parser.add_argument("--nulls", action="store_true",
                         help="the paper's two observations on the saved rollout batches (before any step), each "
                         "against its null model (triage_trl.lab.null_models): nulls.md")
@@ -400,11 +404,12 @@ REPLAY_RTOL = 1e-2
 reordering between runs and CPU kinds moves them by about 1e-5; a different batch or start state by far more)."""
 
 
-def replay(trainer, out: str, naive_fields: dict, arms) -> int:
+def replay(trainer, out: str, naive_fields: dict, arms, rtol: float = REPLAY_RTOL) -> int:
     """Rebuild the run's state at its first unfinished batch from the fresh model and optimizer by re-applying
     naive's step to each saved batch (no generation, no scoring), checking each step's loss and grad norm against
     naive's recorded result; returns the number of batches replayed. Raises ``SystemExit`` when a replayed step
-    differs from the record by more than :data:`REPLAY_RTOL` (the saved files come from another run)."""
+    differs from the record by more than ``rtol`` (default :data:`REPLAY_RTOL`: the saved files come from another
+    run, or another CPU kind computed them: ``--replay-rtol``)."""
     count = replayable_batches(out, arms)
     if not count:
         return 0
@@ -422,10 +427,10 @@ def replay(trainer, out: str, naive_fields: dict, arms) -> int:
         print(f"replayed batch {b}: loss {step['loss']:.6f} (recorded {recorded['loss']:.6f}), grad norm "
               f"{step['grad_norm']:.6f} (recorded {recorded['grad_norm']:.6f})", flush=True)
         for k in ("loss", "grad_norm"):
-            if abs(step[k] - recorded[k]) > REPLAY_RTOL * max(abs(recorded[k]), 1e-3):
+            if abs(step[k] - recorded[k]) > rtol * max(abs(recorded[k]), 1e-3):
                 raise SystemExit(f"Replaying batch {b} gave {k} {step[k]:.6g}, recorded {recorded[k]:.6g}: the saved "
-                                 f"batches and results in {out} come from another run or settings; delete it to "
-                                 "start again.")
+                                 f"batches and results in {out} come from another run or settings (delete it to "
+                                 "start again), or from another CPU kind (--replay-rtol to accept the difference).")
     with open(os.path.join(out, "replay.json"), "w", encoding="utf-8") as f:
         json.dump(checks, f, indent=2)
     return count
@@ -493,7 +498,7 @@ def main(argv=None) -> dict:
             state = State(trainer)
             state_path = os.path.join(out, "state.pt")
             if not os.path.exists(state_path):
-                first = replay(trainer, out, fields["naive"], args.arms)
+                first = replay(trainer, out, fields["naive"], args.arms, args.replay_rtol or REPLAY_RTOL)
                 if first:
                     _atomic_save({**state.snapshot(), "next_batch": first, "global_step": trainer.state.global_step},
                                  state_path)
