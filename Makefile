@@ -30,8 +30,8 @@ test: install
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS)
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
-# arithmetic: 6-7 minutes on 2 CPU cores with AVX512-BF16; 10.2 minutes on 2 AVX2-only cores (2026-12-04: both
-# engines in float32, 12 steps of about 40 s). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
+# arithmetic: 6-7 minutes on 2 CPU cores with AVX512-BF16; 8.8 minutes on 2 AVX2-only cores (2026-12-04: both
+# engines in float32, 12 steps of about 30 s). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
 # DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
