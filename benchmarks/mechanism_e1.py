@@ -78,9 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "about 6 million values per 128-token sequence on SmolLM2)")
     parser.add_argument("--output-dir", default="runs/mechanism_e1")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved results")
-    parser.add_argument("--replay-rtol", type=float, default=None,
+    parser.add_argument("--replay-rtol", type=float, default=REPLAY_RTOL,
                         help="largest relative difference of a replayed naive step's loss and grad norm from the "
-                        "recorded ones (default REPLAY_RTOL, 1e-2); raise it knowingly to go on on another CPU kind, "
+                        "recorded ones (default 1e-2); raise it knowingly to go on on another CPU kind, "
                         "whose GEMM dtype differs")
     parser.add_argument("--nulls", action="store_true",
                         help="the paper's two observations on the saved rollout batches (before any step), each "
@@ -498,7 +498,7 @@ def main(argv=None) -> dict:
             state = State(trainer)
             state_path = os.path.join(out, "state.pt")
             if not os.path.exists(state_path):
-                first = replay(trainer, out, fields["naive"], args.arms, args.replay_rtol or REPLAY_RTOL)
+                first = replay(trainer, out, fields["naive"], args.arms, args.replay_rtol)
                 if first:
                     _atomic_save({**state.snapshot(), "next_batch": first, "global_step": trainer.state.global_step},
                                  state_path)
@@ -551,8 +551,9 @@ def main(argv=None) -> dict:
                     state.restore(start_state)
                     arm_batch = batch
                     if arm in PERMUTED_ARMS:
-                        arm_batch = {**batch, "advantages": permute_within_groups(batch["advantages"],
-                                                                                  config.num_generations, b)}
+                        permuted = permute_within_groups(batch["advantages"], config.num_generations,
+                                                         torch.Generator().manual_seed(b))
+                        arm_batch = {**batch, "advantages": permuted}
                     step = optimizer_step(trainer, arm_batch, fields[arm])
                     if arm == "naive":
                         next_state = state.snapshot()

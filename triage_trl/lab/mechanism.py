@@ -17,6 +17,7 @@ from ..objective.order_statistic import kth_smallest, order_statistic_rank
 from ..objective.steps import QUADRANTS, direction_quadrants, measure_gap
 from ..objective.config import TriageConfig
 from .metrics import paired_bootstrap  # noqa: F401  (re-exported: E1's paired intervals)
+from .null_models import permute_within_groups  # noqa: F401  (re-exported: E1's null arm)
 
 ARMS: dict[str, str] = {
     "naive": "nvfp4_naive",
@@ -165,25 +166,3 @@ def trl_importance_ratio(old_logps: torch.Tensor, sampler_logps: torch.Tensor, m
         return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
     raise ValueError(f"Unknown vllm_importance_sampling_mode {mode!r}: use token_truncate, token_mask, "
                      "sequence_truncate or sequence_mask.")
-
-
-def permute_within_groups(advantages: torch.Tensor, group_size: int, seed: int) -> torch.Tensor:
-    """The advantages permuted among the completions of each group (groups are consecutive rows, as in TRL's
-    batches), with a ``torch.Generator`` seeded by ``seed`` (E1 seeds it with the batch index).
-
-    Args:
-        advantages: (B,) or (B, 1) one advantage per completion; B a multiple of ``group_size``.
-
-    Returns:
-        A tensor of the same shape and dtype: each group holds the same values in another order.
-
-    Raises:
-        ValueError: B is not a multiple of ``group_size``.
-    """
-    flat = advantages.reshape(-1)
-    if group_size < 1 or flat.numel() % group_size:
-        raise ValueError(f"{flat.numel()} advantages do not split into groups of {group_size}: pass whole groups.")
-    groups = flat.view(-1, group_size)
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.argsort(torch.rand(groups.shape, generator=generator), dim=1)
-    return torch.gather(groups, 1, order).reshape(advantages.shape)

@@ -77,15 +77,34 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
     adv = advantages.detach().float()
     observed = na_share(gap.gap, adv[:, None], tail)
     generator = torch.Generator().manual_seed(seed)
-    groups = adv.view(-1, group_size)
     null = []
     for _ in range(n_perm):
-        order = torch.argsort(torch.rand(groups.shape, generator=generator), dim=1)
-        permuted = torch.gather(groups, 1, order).reshape(-1)
+        permuted = permute_within_groups(adv, group_size, generator)
         value = na_share(gap.gap, permuted[:, None], tail)
         if not math.isnan(value):
             null.append(value)
     return {**_compare(observed, null), "n_tail": int(torch.count_nonzero(tail))}
+
+
+def permute_within_groups(advantages: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
+    """The advantages permuted among the completions of each group (groups are consecutive rows, as in TRL's
+    batches), drawn from ``generator`` (the NA-share null draws many from one; E1's null arm seeds one per batch).
+
+    Args:
+        advantages: (B,) or (B, 1) one advantage per completion; B a multiple of ``group_size``.
+
+    Returns:
+        A tensor of the same shape and dtype: each group holds the same values in another order.
+
+    Raises:
+        ValueError: B is not a multiple of ``group_size``.
+    """
+    flat = advantages.reshape(-1)
+    if group_size < 1 or flat.numel() % group_size:
+        raise ValueError(f"{flat.numel()} advantages do not split into groups of {group_size}: pass whole groups.")
+    groups = flat.view(-1, group_size)
+    order = torch.argsort(torch.rand(groups.shape, generator=generator), dim=1)
+    return torch.gather(groups, 1, order).reshape(advantages.shape)
 
 
 def segment_tail_counts(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
