@@ -90,6 +90,7 @@ def report(trainer, before: dict) -> None:
         "final_local_probe_gap": local_gap,
         "num_syncs": gen.num_syncs,
         "input_global_scales": {k: float(v) for k, v in (gen.input_global_scales or {}).items()},
+        "learner_forwards": dict(trainer.learner_forwards),
         "learner_digest": _learner_digest(trainer.model),
         "checkpoint_dir": str(gen.checkpoint_dir),
         "checkpoint_files": sorted(os.listdir(gen.checkpoint_dir)),

@@ -16,6 +16,7 @@ TRL does (a sync before each generation). Each rank writes ``OUT_DIR/rank<i>.jso
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -129,6 +130,29 @@ def probe_gap(gen, learner, tokenizer) -> float:
     return float((learner_logps - torch.tensor(gen.score_logps([ids])[0])).abs().mean())
 
 
+def shared_prompt_diff(model, tokenizer) -> float:
+    """Max |log-prob difference| (nats) on the sharded learner between the shared-prompt forward
+    (triage_trl/trainer/shared_prompt.py) and TRL's row-by-row fused forward: 2 prompts x 2 completions."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from triage_trl.trainer.shared_prompt import prompt_groups, shared_prompt_logps
+
+    add_fused_lm_head(model)
+    prompts = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
+    completion = torch.tensor([tokenizer(" 7.\nThe answer is 7.")["input_ids"][:6]] * 4)
+    completion[1, 4:] = tokenizer.pad_token_id
+    ids = torch.cat([prompts["input_ids"][[0, 0, 1, 1]], completion], dim=1)
+    mask = torch.cat([prompts["attention_mask"][[0, 0, 1, 1]], (completion != tokenizer.pad_token_id).long()], dim=1)
+    c = completion.size(1)
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-c] = -100
+    with torch.no_grad():
+        rows = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True).log_probs[:, -c:]
+        shared, _ = shared_prompt_logps(model, ids, mask, c, prompt_groups(ids[:, :-c], mask[:, :-c]), batch_size=4,
+                                        compute_entropy=False, eager_mask=False, autocast=contextlib.nullcontext)
+    return float((shared - rows).abs().max())
+
+
 def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -> None:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
@@ -189,6 +213,7 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
             torch.equal(ours[n].view(torch.uint8), plain[n].view(torch.uint8)) for n in plain
         )
         facts["structural_files"] = sorted(os.listdir(gen.checkpoint_dir))
+    facts["shared_prompt_diff"] = shared_prompt_diff(model, tokenizer)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(facts, f, indent=1)
     dist.barrier()

@@ -56,6 +56,8 @@ def test_two_ranks_really_train_together(ddp_ranks):
         assert facts["global_step"] == 3
         # 32 prompts, 4 completions per process per step, 4 per prompt: 2 prompts a step with two processes.
         assert facts["epochs"] == [0.0625, 0.125, 0.1875]
+        # each rank's micro-batch is one prompt's 4 completions: its learner forwards scored the prompt once
+        assert facts["learner_forwards"]["shared_prompt"] >= 3, facts["learner_forwards"]
 
 
 def test_loss_is_finite_and_triage_metrics_are_logged(ddp_ranks):

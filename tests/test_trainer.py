@@ -430,6 +430,53 @@ def test_fused_rollout_logps_give_the_loss_grads_and_metrics_of_trls_separate_fo
                      vllm_importance_sampling_correction=True).fuses_rollout_logps
 
 
+def test_shared_prompt_forward_gives_the_loss_and_gradients_of_trls_rows(tmp_path, tiny_qwen3_dir, fake_sampler,
+                                                                          monkeypatch):
+    """Rows sharing a prompt (GRPO's groups) are scored once per group by default (trainer/shared_prompt.py): the
+    loss, gradients and TRIAGE metrics of TRL's row-by-row forward, up to float summation order."""
+    import triage_trl.trainer.grpo_trainer as trainer_module
+
+    shared = _trainer(TriageGRPOConfig, tmp_path / "s", tiny_qwen3_dir, use_vllm=True)
+    rows = _trainer(TriageGRPOConfig, tmp_path / "r", tiny_qwen3_dir, use_vllm=True, triage_shared_prompt_forward=False)
+    assert shared.shared_prompt_forward and not rows.shared_prompt_forward
+    assert shared.kernel_report()["learner_forward"].startswith("shared prompt")
+    assert rows.kernel_report()["learner_forward"].startswith("TRL's rows (triage_shared_prompt_forward=False; ")
+    inputs = _batch(rows)
+    for key in ("prompt_ids", "prompt_mask"):  # two groups of two completions
+        inputs[key] = inputs[key][[0, 0, 1, 1]]
+    inputs["prompt_mask"][:2, :2] = 0  # the first prompt left-padded
+    inputs.pop("old_per_token_logps")
+    calls = []
+    packed = trainer_module.shared_prompt_logps
+    monkeypatch.setattr(trainer_module, "shared_prompt_logps", lambda *a, **k: calls.append(1) or packed(*a, **k))
+    loss_r, grads_r = _loss_and_grads(rows, inputs)
+    assert calls == []
+    loss_s, grads_s = _loss_and_grads(shared, inputs)
+    assert calls == [1]
+    torch.testing.assert_close(loss_s, loss_r, atol=1e-6, rtol=1e-5)
+    assert grads_s.keys() == grads_r.keys() and len(grads_s) > 0
+    for name, grad in grads_r.items():
+        torch.testing.assert_close(grads_s[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert shared.learner_forwards == {"shared_prompt": 1, "rows": 0} and rows.learner_forwards["shared_prompt"] == 0
+    for name, value in rows.triage_history[-1].items():
+        assert shared.triage_history[-1][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+def test_shared_prompt_forward_required_for_an_unsupported_model_is_refused_before_it_loads(tmp_path, tiny_qwen3_dir,
+                                                                                           monkeypatch):
+    import transformers
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the check")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    args = _args(TriageGRPOConfig, tmp_path, use_vllm=True, triage_shared_prompt_forward=True,
+                 model_init_kwargs={"dtype": torch.float32, "attn_implementation": "flash_attention_2"})
+    with pytest.raises(ValueError, match=r"triage_shared_prompt_forward=True, but attn_implementation="
+                                         r"'flash_attention_2' takes no custom 4-D mask"):
+        TriageGRPOTrainer(model=tiny_qwen3_dir, reward_funcs=_reward_len, args=args, train_dataset=_dataset())
+
+
 # ---------------------------------------------------------------------------------------------- training loop
 
 

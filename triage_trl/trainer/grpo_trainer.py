@@ -34,7 +34,8 @@ from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
 from .reward_checks import check_rewards
-from .run_checks import check_run_inputs, hold_output_dir
+from .run_checks import check_run_inputs, check_shared_prompt_forward, hold_output_dir
+from .shared_prompt import prompt_groups, shared_prompt_logps, unsupported_reason
 from .sync_probe import (PROBE_TEMPERATURE, StaleSamplerError, classify_probe, expected_probe_gap, probe_batch,
                          probe_gap, probe_token_ids, untracked_move)
 from .trl_contract import check_trl_contract
@@ -139,6 +140,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             if self.use_vllm:
                 self.vllm_generation.on_sync = self._after_sampler_sync
             self._push_sampler_scales()
+            self._resolve_shared_prompt_forward(args)
             check_learner_dtype(self.model, self.accelerator.device.type)
         except BaseException:  # a construction that fails after its sampler started closes it
             for sampler in built:
@@ -366,12 +368,47 @@ class TriageGRPOTrainer(GRPOTrainer):
                 inputs["importance_sampling_ratio"] = weights
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
-        """TRL's learner log-prob path (arguments and return value are TRL's), with its fused LM head scoring only
-        the completion tokens on CPU too (:func:`trl_seam.compact_fused_lm_head_on_cpu`: the same log-probs, bit for
-        bit, without the vocabulary projection of every prompt position)."""
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):
+        """TRL's learner log-prob path (arguments and return value are TRL's), with each prompt scored once per
+        group where :attr:`shared_prompt_forward` is on and the batch is text only with no MoE load-balancing loss
+        (:func:`shared_prompt.shared_prompt_logps`: the same log-probs up to float summation order), and TRL's
+        fused LM head scoring only the completion tokens on CPU too (:func:`trl_seam.compact_fused_lm_head_on_cpu`:
+        the same log-probs, bit for bit, without the vocabulary projection of every prompt position)."""
         with compact_fused_lm_head_on_cpu():
-            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+            if self.shared_prompt_forward and not compute_aux_loss and all(v is None for v in extra.values()):
+                groups = prompt_groups(input_ids[:, :-logits_to_keep], attention_mask[:, :-logits_to_keep])
+                if len(groups) < input_ids.size(0) and bool(attention_mask[:, -logits_to_keep - 1].all()):
+                    logps, entropies = shared_prompt_logps(
+                        model, input_ids, attention_mask, logits_to_keep, groups,
+                        batch_size=batch_size or input_ids.size(0), compute_entropy=compute_entropy,
+                        eager_mask=self._shared_prompt_eager_mask, autocast=self.accelerator.autocast)
+                    self.learner_forwards["shared_prompt"] += 1
+                    return logps, entropies, None
+            self.learner_forwards["rows"] += 1
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **extra)
+
+    def _resolve_shared_prompt_forward(self, args: TriageGRPOConfig) -> None:
+        """Set :attr:`shared_prompt_forward` from ``args.triage_shared_prompt_forward`` and the loaded model.
+
+        Raises:
+            ValueError: ``triage_shared_prompt_forward=True`` for a model it cannot serve.
+        """
+        config = self.model.config
+        attn = getattr(config, "_attn_implementation", None)
+        self._shared_prompt_eager_mask = attn == "eager"
+        self.shared_prompt_forward, self.shared_prompt_off_reason = False, "triage_shared_prompt_forward=False"
+        self.learner_forwards = {"shared_prompt": 0, "rows": 0}  # calls of each path (kernel_report)
+        if args.triage_shared_prompt_forward is False:
+            return
+        if args.triage_shared_prompt_forward:
+            check_shared_prompt_forward(config, attn)
+        self.shared_prompt_off_reason = unsupported_reason(config, attn)
+        self.shared_prompt_forward = self.shared_prompt_off_reason is None
+        if not self.shared_prompt_forward:
+            logger.info("Learner forward: TRL's rows (no shared prompt): %s.", self.shared_prompt_off_reason)
 
     @contextlib.contextmanager
     def _weights_from_loss_forward(self, inputs: dict[str, Any], zero_signal: torch.Tensor | None):
@@ -523,6 +560,10 @@ class TriageGRPOTrainer(GRPOTrainer):
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
+        calls = getattr(self, "learner_forwards", {"shared_prompt": 0, "rows": 0})
+        counts = f"{calls['shared_prompt']} shared-prompt and {calls['rows']} row-by-row forwards"
+        report["learner_forward"] = (f"shared prompt, each scored once per group ({counts})" if self.shared_prompt_forward
+                                     else f"TRL's rows ({self.shared_prompt_off_reason}; {counts})")
         learner_dtype = next(self.model.parameters()).dtype
         report["compute_dtype"] = (f"learner weights {str(learner_dtype).removeprefix('torch.')}; NVFP4 GEMMs and "
                                    f"sampler: {compute_dtype_reason(self.accelerator.device.type)}")  # runtime.engine_dtype

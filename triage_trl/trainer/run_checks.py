@@ -4,6 +4,7 @@
   (``triage_trl.runtime.run_folder.check_output_dir``);
 * the main process takes the folder's run lock (``triage_trl.runtime.run_folder.RunLock``), so a second live run on
   the same ``output_dir`` is refused; the lock is released when the trainer is garbage-collected or the process exits;
+* ``triage_shared_prompt_forward=True`` is refused for a model it cannot serve (``check_shared_prompt_forward``);
 * every prompt of ``train_dataset``/``eval_dataset`` and of the calibration prompts is non-empty text (or chat
   messages) and fits the sampler's context (``triage_trl.runtime.preflight.check_prompts``).
 
@@ -51,6 +52,8 @@ def check_run_inputs(model, args, *, train_dataset=None, eval_dataset=None, cali
     needed = checkpoint_bytes(weights, save_only_model=args.save_only_model) if weights else None
     check_output_dir(args.output_dir, needed_bytes=needed if args.save_strategy != "no" else weights)
     config, tokenizer = _model_config_and_tokenizer(model, processing_class)
+    if args.triage_shared_prompt_forward and config is not None:
+        check_shared_prompt_forward(config, _attn_implementation(model, args, config))
     context = context_tokens(args, config)
     datasets = [("train_dataset", train_dataset)]
     if isinstance(eval_dataset, dict):
@@ -64,6 +67,26 @@ def check_run_inputs(model, args, *, train_dataset=None, eval_dataset=None, cali
     if calibration_prompts:
         check_prompts(calibration_prompts, what="calibration_dataset", tokenizer=tokenizer, context_tokens=context)
     return existing_run(args.output_dir)
+
+
+def _attn_implementation(model, args, config) -> str | None:
+    if not isinstance(model, str):
+        return getattr(config, "_attn_implementation", None)
+    return (args.model_init_kwargs or {}).get("attn_implementation")
+
+
+def check_shared_prompt_forward(config, attn_implementation: str | None) -> None:
+    """Refuse ``triage_shared_prompt_forward=True`` for a model the shared-prompt forward cannot serve.
+
+    Raises:
+        ValueError: naming why (``triage_trl.trainer.shared_prompt.unsupported_reason``) and the remedy.
+    """
+    from .shared_prompt import unsupported_reason
+
+    reason = unsupported_reason(config, attn_implementation)
+    if reason is not None:
+        raise ValueError(f"triage_shared_prompt_forward=True, but {reason}. Unset it (TRL's row-by-row forward "
+                         "where unsupported) or set it to False.")
 
 
 def hold_output_dir(trainer, args) -> RunLock | None:
