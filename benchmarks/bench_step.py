@@ -37,7 +37,10 @@ import statistics
 import tempfile
 import time
 
+import torch
 from transformers import TrainerCallback
+
+from triage_trl.trainer.shared_prompt import positions_needed
 
 from bench_sync import timed
 from step_floor import StepFloor
@@ -76,11 +79,15 @@ class StepClock(TrainerCallback):
 
         def logps_counted(model, input_ids, *args, **kwargs):
             keep = kwargs.get("logits_to_keep", args[1] if len(args) > 1 else input_ids.size(1))
-            scored = input_ids.size(0) * min(int(keep), input_ids.size(1))  # the positions the lm_head scores
-            counts["logprobs"] += input_ids.numel()
+            keep = min(int(keep), input_ids.size(1))
+            scored = input_ids.size(0) * keep  # the positions the lm_head scores
+            mask = kwargs.get("attention_mask", args[0] if args else torch.ones_like(input_ids))
+            # the work needed: each distinct prompt once, then every completion (what the shared-prompt forward runs)
+            needed = positions_needed(input_ids, mask, keep)
+            counts["logprobs"] += needed
             counts["logprobs_scored"] += scored
             if clock._in_loss:
-                counts["loss"] += input_ids.numel()
+                counts["loss"] += needed
                 counts["loss_scored"] += scored
             return logps(model, input_ids, *args, **kwargs)
 

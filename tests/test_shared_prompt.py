@@ -131,3 +131,11 @@ def test_unsupported_models_are_named():
     windowed = Qwen3Config(use_sliding_window=True, max_window_layers=1, num_hidden_layers=2)
     assert "windowed attention" in unsupported_reason(windowed, "sdpa")
     assert "flash_attention_2" in unsupported_reason(Qwen3Config(), "flash_attention_2")
+
+
+def test_positions_needed_counts_each_distinct_prompt_once():
+    from triage_trl.trainer.shared_prompt import positions_needed
+
+    ids, mask = _rows(64)
+    assert positions_needed(ids, mask, C) == 3 * P + 7 * C  # 3 distinct prompts, 7 completions
+    assert positions_needed(ids[:1], mask[:1], C) == P + C

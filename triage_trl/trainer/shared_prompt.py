@@ -66,6 +66,16 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[l
     return list(groups.values())
 
 
+def positions_needed(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> int:
+    """Positions a learner forward of TRL's (B, P + C) rows must compute: each distinct prompt once, then every
+    completion (the packed length without padding between groups; ``benchmarks/bench_step.py``'s floor)."""
+    p = input_ids.size(1) - completion_length
+    if p < 1:
+        return input_ids.numel()
+    groups = prompt_groups(input_ids[:, :p], attention_mask[:, :p])
+    return len(groups) * p + input_ids.size(0) * completion_length
+
+
 @dataclass
 class SharedPromptBatch:
     """Packed rows for one forward (G packed sequences of length L) and where each original row's completion lies.
