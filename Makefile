@@ -25,9 +25,11 @@ install: $(VENV)/.installed
 # Two pytest workers (pytest-xdist): most of the suite's time is single-threaded (interpreter and engine start-up,
 # subprocess launches, math-verify), so two workers on two cores took the suite from 21.2 to 14.6-17.3 minutes on an
 # AVX2-only CPU (2026-12-04), at about 19 GB of memory at the peak instead of 13: TEST_WORKERS=0 runs it in one process.
+# Each worker takes whole modules (--dist loadscope: a module's fixtures run once), the slowest first
+# (tests/module_seconds.json, read by tests/conftest.py; TRIAGE_TEST_TIMES=tests/module_seconds.json rewrites it).
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest tests -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
 # arithmetic: 6-7 minutes on 2 CPU cores with AVX512-BF16; 8.8 minutes on 2 AVX2-only cores (2026-12-04: both

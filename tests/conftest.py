@@ -1,8 +1,47 @@
 """Shared pytest fixtures. Each owner keeps its fixtures in its own commented block."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
+
+# --- scheduling (make test: two xdist workers, --dist loadscope) ---
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+_TIMES_OUT = os.environ.get("TRIAGE_TEST_TIMES")
+_module_seconds: dict[str, float] = {}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slowest modules first (``module_seconds.json``), the rest in collection order: with ``--dist loadscope`` each
+    worker takes whole modules (module fixtures run once) and the longest ones cannot start last."""
+    seconds = {k: v for k, v in json.loads(MODULE_SECONDS.read_text()).items() if not k.startswith("_")}
+    items.sort(key=lambda item: -seconds.get(_module(item.nodeid), 0.0))  # stable: ties keep collection order
+
+
+def pytest_runtest_logreport(report):
+    if _TIMES_OUT:
+        module = _module(report.nodeid)
+        _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With ``TRIAGE_TEST_TIMES=<file>``, write each module's seconds there (on the controller: every report)."""
+    if _TIMES_OUT and _module_seconds and not hasattr(session.config, "workerinput"):
+        import datetime
+        import platform
+
+        about = json.loads(MODULE_SECONDS.read_text()).get("_about", "")
+        workers = getattr(session.config.option, "numprocesses", 0) or 0
+        measured = f"{datetime.date.today()}, {workers} xdist workers, {os.cpu_count()} CPUs ({platform.machine()})"
+        ranked = sorted(_module_seconds.items(), key=lambda kv: -kv[1])
+        Path(_TIMES_OUT).write_text(json.dumps({"_about": about, "_measured": measured,
+                                                **{k: round(v, 1) for k, v in ranked}}, indent=2) + "\n")
+# --- end scheduling ---
 
 
 @pytest.fixture(scope="session")
