@@ -119,6 +119,8 @@ def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
     else:
         assert report["linear_kernels"] == "UnquantizedLinearMethod x8"
     assert s.gen.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
+    cache = s.gen.llm.llm_engine.vllm_config.cache_config  # prefix caching can share a short prompt's blocks
+    assert cache.block_size == 32 and cache.enable_prefix_caching
     assert torch.set_num_threads is torch._C.set_num_threads  # vLLM's no-op replacement undone
     ids = s.tokenizer("What is 3 + 4?")["input_ids"]
     prompt_ids, completion_ids, logprobs, _ = s.gen.generate([ids, ids], None, 1)
