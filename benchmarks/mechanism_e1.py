@@ -354,10 +354,11 @@ def _cpu(batch: dict) -> dict:
 
 def nulls_report(out: str, model_path: str, group_size: int) -> dict:
     """The NA share of the amplifying tail and the tail concentration of every saved batch (the learner and sampler
-    log-probs re-scored before the step), each against its null model; writes ``nulls.md`` and ``nulls.json``."""
+    log-probs re-scored before the step), each against its null model, and their means over the batches against the
+    pooled null (``triage_trl.lab.null_models.pooled_null``); writes ``nulls.md`` and ``nulls.json``."""
     from transformers import AutoTokenizer
 
-    from triage_trl.lab.null_models import na_share_null, segment_tail_counts, tail_concentration_null
+    from triage_trl.lab.null_models import na_share_null, pooled_null, segment_tail_counts, tail_concentration_null
     from triage_trl.objective.segments import build_newline_table, segment_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -370,10 +371,14 @@ def nulls_report(out: str, model_path: str, group_size: int) -> dict:
         if table is None:
             table = build_newline_table(tokenizer, vocab_size=max(len(tokenizer), int(batch["completion_ids"].max()) + 1))
         segments = segment_ids(batch["completion_ids"], mode="newline", newline_table=table)
-        na = na_share_null(learner, sampler, adv, batch["completion_mask"], group_size)
+        na = na_share_null(learner, sampler, adv, batch["completion_mask"], group_size, keep_draws=True)
         lengths, counts = segment_tail_counts(learner, sampler, adv, batch["completion_mask"], segments)
-        conc = tail_concentration_null(lengths, counts)
+        conc = tail_concentration_null(lengths, counts, keep_draws=True)
         rows.append({"batch": name, "na_share": na, "tail_concentration": conc})
+    pooled = {key: pooled_null([r[key] for r in rows]) for key in ("na_share", "tail_concentration")}
+    for r in rows:
+        for key in ("na_share", "tail_concentration"):
+            r[key].pop("draws")
     lines = ["| batch | NA share of amplifying tail | null mean [95%] | p | tail conc. | null mean [95%] | p | "
              "segments |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -382,11 +387,16 @@ def nulls_report(out: str, model_path: str, group_size: int) -> dict:
                      f"[{na['null_low']:.3f}, {na['null_high']:.3f}] | {na['p_value']:.3f} | {conc['observed']:.3f} | "
                      f"{conc['null_mean']:.3f} [{conc['null_low']:.3f}, {conc['null_high']:.3f}] | "
                      f"{conc['p_value']:.3f} | {conc['n_segments']} |")
+    na, conc = pooled["na_share"], pooled["tail_concentration"]
+    lines.append(f"| mean over {na['batches']} / {conc['batches']} batches (pooled null) | {na['observed']:.3f} | "
+                 f"{na['null_mean']:.3f} [{na['null_low']:.3f}, {na['null_high']:.3f}] | {na['p_value']:.3f} | "
+                 f"{conc['observed']:.3f} | {conc['null_mean']:.3f} [{conc['null_low']:.3f}, {conc['null_high']:.3f}] "
+                 f"| {conc['p_value']:.3f} | |")
     with open(os.path.join(out, "nulls.json"), "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=2, default=float)
+        json.dump({"batches": rows, "pooled": pooled}, f, indent=2, default=float)
     with open(os.path.join(out, "nulls.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
-    return {"rows": rows, "text": "\n".join(lines)}
+    return {"rows": rows, "pooled": pooled, "text": "\n".join(lines)}
 
 
 def replayable_batches(out: str, arms) -> int:

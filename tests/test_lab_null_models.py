@@ -8,7 +8,8 @@ import torch
 
 from triage_trl.lab.metrics import (COLLAPSE_K3_FACTOR, collapse_by_rule, k3_log_slope, paired_bootstrap, step0_cost,
                                     training_gain)
-from triage_trl.lab.null_models import na_share, na_share_null, tail_concentration_null, top_decile_share
+from triage_trl.lab.null_models import (na_share, na_share_null, pooled_null, tail_concentration_null,
+                                        top_decile_share)
 
 
 def _sampled_batch(B=32, T=24, seed=0, noise=0.5):
@@ -73,6 +74,30 @@ def test_tail_concentration_null():
     assert only["observed"] == 1.0 and only["null_mean"] == 1.0
     with pytest.raises(ValueError, match="cannot hold"):
         tail_concentration_null([3], [4])
+
+
+def test_pooled_null_over_batches():
+    lengths = [10] * 40
+    spread = tail_concentration_null(lengths, [1] * 40, n_perm=200, keep_draws=True)
+    packed = tail_concentration_null(lengths, [10, 10, 10, 10] + [0] * 36, n_perm=200, seed=1, keep_draws=True)
+    assert len(spread["draws"]) == 200 and "draws" not in tail_concentration_null(lengths, [1] * 40, n_perm=10)
+    # one batch: the pooled test is the batch's own
+    alone = pooled_null([packed])
+    assert alone["observed"] == packed["observed"] and alone["p_value"] == packed["p_value"] and alone["batches"] == 1
+    # a concentrated batch and an even one: the mean (0.55) against the mean of their draws
+    both = pooled_null([spread, packed])
+    assert both["observed"] == pytest.approx(0.55) and both["batches"] == 2
+    assert both["null_mean"] == pytest.approx((spread["null_mean"] + packed["null_mean"]) / 2)
+    assert both["p_value"] < 0.01  # one concentrated batch in two already lifts the mean above the pooled null
+    # NA shares: batches without an amplifying tail (NaN) are left out
+    torch.manual_seed(0)
+    learner, sampler = _sampled_batch()
+    na = na_share_null(learner, sampler, torch.randn(32), torch.ones(32, 24), group_size=8, tail_quantile=0.9,
+                       n_perm=100, keep_draws=True)
+    empty = {**na, "observed": math.nan}
+    assert pooled_null([na, empty])["observed"] == na["observed"] and pooled_null([empty])["batches"] == 0
+    with pytest.raises(ValueError, match="keep_draws=True"):
+        pooled_null([{k: v for k, v in na.items() if k != "draws"}])
 
 
 def test_segment_tail_counts_hand_computed():

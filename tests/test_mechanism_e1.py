@@ -203,9 +203,13 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     nulls = subprocess.run([*cmd, "--nulls"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                            check=False)
     assert nulls.returncode == 0, nulls.stderr[-2000:]
-    rows = json.loads((run / "nulls.json").read_text())
+    nulls = json.loads((run / "nulls.json").read_text())
+    rows = nulls["batches"]
     assert [r["batch"] for r in rows] == ["b000.pt"] and rows[0]["tail_concentration"]["n_segments"] > 0
+    pooled = nulls["pooled"]["tail_concentration"]  # one batch: the pooled test is the batch's own
+    assert pooled["batches"] == 1 and pooled["observed"] == rows[0]["tail_concentration"]["observed"]
     assert "| b000.pt |" in (run / "nulls.md").read_text()
+    assert "| mean over " in (run / "nulls.md").read_text()
 
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and "All 1 batches done." in again.stdout, again.stderr[-2000:]

@@ -50,7 +50,7 @@ def _gap_and_tail(learner, sampler, mask, tail_quantile: float, tail_min_gap: fl
 
 def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   group_size: int, *, tail_quantile: float = 0.98, tail_min_gap: float = 0.05, n_perm: int = 1000,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, keep_draws: bool = False) -> dict:
     """Observed NA share of the amplifying tail against advantages permuted within groups.
 
     The tail is TRIAGE's (``docs/objective.md``, step 3: ``|gap| >= max(min_gap, q-quantile)``) over the valid tokens
@@ -60,7 +60,8 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
         learner, sampler: (B, T) log-probs (nats); advantages: (B,) one per completion; mask: (B, T).
         group_size: completions per group (B a multiple of it; groups are consecutive rows, as in TRL's batches).
         tail_quantile, tail_min_gap: TRIAGE's ``triage_tail_quantile`` and ``triage_tail_min_gap``.
-        n_perm: permutations; seed: their seed.
+        n_perm: permutations; seed: their seed. keep_draws: also return the null's draws (``"draws"``, for
+            :func:`pooled_null`).
 
     Returns:
         ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_tail"}`` (NaN p-value when the observed
@@ -80,10 +81,9 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
     null = []
     for _ in range(n_perm):
         permuted = permute_within_groups(adv, group_size, generator)
-        value = na_share(gap.gap, permuted[:, None], tail)
-        if not math.isnan(value):
-            null.append(value)
-    return {**_compare(observed, null), "n_tail": int(torch.count_nonzero(tail))}
+        null.append(na_share(gap.gap, permuted[:, None], tail))
+    kept = [v for v in null if not math.isnan(v)]
+    return {**_compare(observed, kept), "n_tail": int(torch.count_nonzero(tail)), **({"draws": null} if keep_draws else {})}
 
 
 def permute_within_groups(advantages: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -146,7 +146,7 @@ def top_decile_share(tail_counts: list[int]) -> float:
 
 
 def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], *, n_perm: int = 1000,
-                            seed: int = 0) -> dict:
+                            seed: int = 0, keep_draws: bool = False) -> dict:
     """Observed tail concentration against tail labels permuted across segments of equal length.
 
     Within each length class (segments with the same number of diagnosed tokens) the class's tail tokens are dealt
@@ -155,7 +155,8 @@ def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], 
     Args:
         segment_lengths: diagnosed tokens per segment (>= 1 each); tail_counts: tail tokens per segment (<= its
             length). One entry per segment, same order.
-        n_perm: permutations; seed: their seed.
+        n_perm: permutations; seed: their seed. keep_draws: also return the null's draws (``"draws"``, for
+            :func:`pooled_null`).
 
     Returns:
         ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_segments"}``.
@@ -184,7 +185,38 @@ def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], 
             for j in picks.tolist():
                 counts[members[j]] += 1
         null.append(top_decile_share(counts))
-    return {**_compare(top_decile_share(list(tail_counts)), null), "n_segments": len(segment_lengths)}
+    return {**_compare(top_decile_share(list(tail_counts)), null), "n_segments": len(segment_lengths),
+            **({"draws": null} if keep_draws else {})}
+
+
+def pooled_null(results: list[dict]) -> dict:
+    """One test over several batches: the mean of the batches' observed values against the mean of their null
+    draws taken draw by draw (independent permutations per batch), so the p-value answers "is the observation above
+    its null on average over the batches". Batches whose observed value is NaN (no amplifying tail) are left out,
+    and so is a draw in which any kept batch's null value is NaN.
+
+    Args:
+        results: outputs of :func:`na_share_null` or :func:`tail_concentration_null` with ``keep_draws=True``.
+
+    Returns:
+        ``{"observed", "null_mean", "null_low", "null_high", "p_value", "batches"}``.
+
+    Raises:
+        ValueError: a result without draws, or results with different numbers of draws.
+    """
+    kept = [r for r in results if not math.isnan(r["observed"])]
+    if any("draws" not in r for r in kept):
+        raise ValueError("pooled_null needs each batch's draws: call the null with keep_draws=True.")
+    if len({len(r["draws"]) for r in kept}) > 1:
+        raise ValueError("pooled_null needs the same number of draws for every batch (one n_perm).")
+    if not kept:
+        return {**_compare(math.nan, []), "batches": 0}
+    observed = sum(r["observed"] for r in kept) / len(kept)
+    null = []
+    for draws in zip(*(r["draws"] for r in kept)):
+        if not any(math.isnan(v) for v in draws):
+            null.append(sum(draws) / len(draws))
+    return {**_compare(observed, null), "batches": len(kept)}
 
 
 def _compare(observed: float, null: list[float]) -> dict:
