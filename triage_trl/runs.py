@@ -28,10 +28,10 @@ from .runtime.run_logs import LOG_HISTORY
 # greedy accuracy 63.3% -> 59.4% (-3.9 +- 3.9 points) with it, 63.3% -> 39.8% (-23.4 +- 4.4) with beta 0.
 # lora_rank=16, learning_rate=1e-4: LoRA adapters on every decoder linear instead of full fine-tuning. Measured with
 # these settings and the former one-shot example (a positive answer), seed 0, 128 held-out items (docs/stability.md,
-# "Looking for a budget where bf16 learns"): full fine-tuning at lr 1e-5 -3.9 +- 3.9 points (AVX2 CPU); LoRA at lr
+# "Earlier lab rounds"): full fine-tuning at lr 1e-5 -3.9 +- 3.9 points (AVX2 CPU); LoRA at lr
 # 5e-5 / 1e-4 / 2e-4 +3.9 +- 3.4 / +7.0 +- 3.7 / +0.0 +- 3.3 (AVX512-BF16 CPU). With today's example (a negative
 # answer, triage_trl.data.reasoning_gym) it gained on three seeds of three: +19.5 +- 4.7 points on seed 0 (the
-# demo's), +4.7 and +7.8 on seeds 1 and 2 (docs/stability.md, "A prompt with headroom").
+# demo's), +4.7 and +7.8 on seeds 1 and 2 (docs/stability.md, "Earlier lab rounds").
 DEMO_DEFAULTS = dict(
     max_steps=12,
     prompts_per_step=2,
