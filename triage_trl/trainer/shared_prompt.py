@@ -13,7 +13,7 @@ autograd, as TRL's rows sum them. The completion tokens are scored through TRL's
 TRL's.
 
 Supported (:func:`unsupported_reason`): the decoder types in :data:`SHARED_PROMPT_MODEL_TYPES` (tested ones), with
-``sdpa`` or ``eager`` attention (flash kernels take no 4-D mask), no sliding window shorter than a row, text only,
+``sdpa`` or ``eager`` attention (flash kernels take no 4-D mask), no windowed (sliding) layers, text only,
 left-padded prompts (TRL's), and no MoE load-balancing loss (its token mask is 2-D). Source: this project (a
 reconstruction of the prefix sharing RL frameworks use; not from the TRIAGE paper).
 """
