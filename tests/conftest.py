@@ -16,6 +16,18 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
 
+def pytest_configure(config):
+    """On an xdist worker, torch (and the subprocesses it starts, through ``OMP_NUM_THREADS``) gets the worker's share
+    of the cores: two workers each spinning two OpenMP threads on two cores oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if hasattr(config, "workerinput") and workers > 1:
+        import torch
+
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     """Slowest modules first (``module_seconds.json``), the rest in collection order: with ``--dist loadscope`` each
     worker takes whole modules (module fixtures run once) and the longest ones cannot start last."""
