@@ -32,8 +32,8 @@ test: install
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
-# arithmetic: 6-7 minutes on 2 CPU cores with AVX512-BF16; 8.8 minutes on 2 AVX2-only cores (2026-12-04: both
-# engines in float32, 12 steps of about 30 s). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
+# arithmetic: 4.9 minutes on 2 AVX2-only cores (2026-12-04: both engines in float32, 12 steps of 9-16 s); 6-7 minutes
+# on 2 cores with AVX512-BF16 before the shared-prompt forward (2026-12-01). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
 # DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
