@@ -350,3 +350,34 @@ def test_the_other_compute_dtype_path_agrees_within_the_same_bounds(tmp_path, mo
         assert_sync_catches_up(s, ids, "nvfp4", perturb(model, seed=1), f"nvfp4 {dtype} (start {start_gap:.4f})")
     finally:
         gen.close()
+
+
+_DENSE_THEN_MOE = """
+import sys, tempfile
+from pathlib import Path
+from triage_trl.runtime import vllm_process_settings
+from triage_trl.sampler.vllm_engine import start_engine
+from triage_trl.testing import save_tiny_qwen3, save_tiny_qwen3_moe
+with tempfile.TemporaryDirectory() as d, vllm_process_settings(cpu_kv_cache_gib=1):
+    dense, _ = start_engine(save_tiny_qwen3(Path(d) / "dense"), "bf16", max_model_len=128, seed=0)
+    moe, report = start_engine(save_tiny_qwen3_moe(Path(d) / "moe"), "bf16", max_model_len=128, seed=0)
+    print("moe_kernels=" + report["moe_kernels"])
+"""
+
+
+@pytest.mark.slow
+def test_a_moe_engine_starts_next_to_a_live_dense_one():
+    """vLLM 0.31 creates its expert-parallel group only when a process's first engine is MoE; start_engine adds it
+    (a process of its own: the engines' parallel groups are process globals)."""
+    import os
+    import subprocess
+    import sys
+
+    from triage_trl.runtime import child_process_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-c", _DENSE_THEN_MOE], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert "moe_kernels=UnquantizedFusedMoEMethod" in run.stdout

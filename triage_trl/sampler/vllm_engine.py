@@ -46,6 +46,37 @@ def sampler_dtype() -> torch.dtype:
     return engine_dtype("cpu" if current_platform.is_cpu() else "cuda")
 
 
+_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _is_moe_checkpoint(checkpoint_dir) -> bool:
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.is_file():
+        return False
+    config = json.loads(path.read_text())
+    config = {**config, **(config.get("text_config") or {})}
+    return any(int(config.get(key, 0) or 0) > 0 for key in _MOE_CONFIG_KEYS)
+
+
+def _ensure_expert_group(tensor_parallel_size: int, *, moe_only: bool = False, moe: bool = False) -> None:
+    """Create vLLM's expert-parallel group if this process's shared parallel groups have none (``moe_only``: only
+    when ``moe``). vLLM 0.31 makes it only when the process's first engine serves a MoE model
+    (``initialize_model_parallel``), so a MoE engine started next to a dense one failed with "expert parallel group
+    is not initialized"; :func:`start_engine` adds it before a MoE engine starts and after any engine started (an
+    unused group for a dense one). Colocated engines have no data or context parallelism: its groups are the TP
+    groups."""
+    from vllm.distributed import parallel_state as ps
+
+    if moe_only and not moe:
+        return
+    if ps._EP is not None or not ps.model_parallel_is_initialized():
+        return
+    world = ps.get_world_group()
+    ranks = [list(range(i, i + tensor_parallel_size)) for i in range(0, world.world_size, tensor_parallel_size)]
+    ps._EP = ps.init_model_parallel_group(ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
+                                          group_name="ep")
+
+
 CPU_BLOCK_SIZE = 32
 """KV-cache block (tokens) of the engine on vLLM's CPU platform, instead of its default 128. vLLM's prefix cache
 reuses full blocks only, and a 113-token prompt (the demo's) never fills a 128-token block: the 8 completions of a
@@ -105,8 +136,11 @@ def start_engine(
         kwargs["block_size"] = CPU_BLOCK_SIZE
     kwargs.update(llm_kwargs)
     disabled_env = ",".join([*filter(None, os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")), *disabled])
+    tensor_parallel_size = int(kwargs.get("tensor_parallel_size") or 1)
+    _ensure_expert_group(tensor_parallel_size, moe_only=True, moe=_is_moe_checkpoint(checkpoint_dir))
     with environment_overrides({"VLLM_DISABLED_KERNELS": disabled_env} if disabled else {}), preserved_torch_threads():
         llm = LLM(**kwargs)
+    _ensure_expert_group(tensor_parallel_size)  # for MoE engines started next to this one
     if not in_process:
         return llm, {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a subprocess)"}
     return llm, inspect_kernels(llm, precision, checkpoint_dir)

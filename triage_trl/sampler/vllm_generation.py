@@ -172,9 +172,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self._write_structural_checkpoint()
         kernel_kwargs = self._choose_nvfp4_kernel()
         with _restored_env(rendezvous):  # read once, when the engine joins its group; left set, they would make
-            _ensure_expert_group(self.tensor_parallel_size, _hf_model(self.model))  # every later Accelerator
-            self._start_engine(kernel_kwargs)  # of this process a MULTI_CPU one
-            _ensure_expert_group(self.tensor_parallel_size)  # for MoE engines started next to this one
+            self._start_engine(kernel_kwargs)  # every later Accelerator of this process a MULTI_CPU one
         self._shutdown = _own_engine_teardown(self, self.llm)
         try:
             if self.sampler_kernel is not None:
@@ -492,30 +490,6 @@ def _shutdown_engine(core, token: int) -> None:
     core.shutdown()  # the last engine: vLLM's full teardown, then the process as the first engine found it
     if _FOUND:
         _restore_process_state(_FOUND)
-
-
-_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
-def _ensure_expert_group(tensor_parallel_size: int, model=None) -> None:
-    """Create vLLM's expert-parallel group if this process's shared parallel groups have none (with ``model``: only
-    for a MoE model). vLLM 0.31 makes it only when the process's first engine serves a MoE model
-    (``initialize_model_parallel``), so a MoE engine started next to a dense one failed with "expert parallel group
-    is not initialized"; the sampler adds it before a MoE engine starts and after any of its engines started (an
-    unused group for a dense one). Colocated engines have no data or context parallelism: its groups are the TP
-    groups."""
-    from vllm.distributed import parallel_state as ps
-
-    if model is not None:
-        config = getattr(model, "config", None)
-        if not any(int(getattr(config, key, 0) or 0) > 0 for key in _MOE_CONFIG_KEYS):
-            return
-    if ps._EP is not None or not ps.model_parallel_is_initialized():
-        return
-    world = ps.get_world_group()
-    ranks = [list(range(i, i + tensor_parallel_size)) for i in range(0, world.world_size, tensor_parallel_size)]
-    ps._EP = ps.init_model_parallel_group(ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
-                                          group_name="ep")
 
 
 _RENDEZVOUS_SET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
