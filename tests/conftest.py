@@ -18,10 +18,20 @@ def _module(nodeid: str) -> str:
 
 def pytest_configure(config):
     """On an xdist worker, torch (and the subprocesses it starts, through ``OMP_NUM_THREADS``) gets the worker's share
-    of the cores: two workers each spinning two OpenMP threads on two cores oversubscribe them."""
+    of the cores (two workers each spinning two OpenMP threads on two cores oversubscribe them), and the worker gets a
+    rendezvous port of its own."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if hasattr(config, "workerinput") and workers > 1:
+        import socket
+
         import torch
+
+        # Each worker its own rendezvous port for in-process engines: once a vLLM engine has made torch.distributed
+        # live, accelerate sets MASTER_PORT=29500 when unset, and two workers' engines then collide on it.
+        if not os.environ.get("MASTER_PORT"):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
 
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
