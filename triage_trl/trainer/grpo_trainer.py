@@ -115,6 +115,10 @@ class TriageGRPOTrainer(GRPOTrainer):
         self._probe_bound = None  # (bound, what) once the engines are known
         self._drift_warned = 0.0
         self.nvfp4_learner_report = None
+        # the learner forward's path, resolved once the model is loaded (_resolve_shared_prompt_forward)
+        self.shared_prompt_forward, self.shared_prompt_off_reason = False, "not resolved: the model is not loaded yet"
+        self._shared_prompt_eager_mask = False
+        self.learner_forwards = {"shared_prompt": 0, "rows": 0}  # calls of each path (kernel_report)
         self._synced_step = None
         built: list = []
         if calibration_dataset is None:
@@ -399,8 +403,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         config = self.model.config
         attn = getattr(config, "_attn_implementation", None)
         self._shared_prompt_eager_mask = attn == "eager"
-        self.shared_prompt_forward, self.shared_prompt_off_reason = False, "triage_shared_prompt_forward=False"
-        self.learner_forwards = {"shared_prompt": 0, "rows": 0}  # calls of each path (kernel_report)
+        self.shared_prompt_off_reason = "triage_shared_prompt_forward=False"
         if args.triage_shared_prompt_forward is False:
             return
         if args.triage_shared_prompt_forward:
@@ -560,7 +563,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             report["learner"] = ", ".join(f"{k}={v}" for k, v in counts.items())
         else:
             report["learner"] = "bf16 (no NVFP4 layers)"
-        calls = getattr(self, "learner_forwards", {"shared_prompt": 0, "rows": 0})
+        calls = self.learner_forwards
         counts = f"{calls['shared_prompt']} shared-prompt and {calls['rows']} row-by-row forwards"
         report["learner_forward"] = (f"shared prompt, each scored once per group ({counts})" if self.shared_prompt_forward
                                      else f"TRL's rows ({self.shared_prompt_off_reason}; {counts})")
