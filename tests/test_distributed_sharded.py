@@ -85,9 +85,11 @@ def test_sharded_nvfp4_learner_follows_every_step(sharded_run, mode, scales):
         assert facts["learner_moved"][0] == 0.0 and min(facts["learner_moved"][1:]) > 1e-2, facts["learner_moved"]
 
 
-@pytest.mark.parametrize("mode, scales", [("fsdp2", "bf16"), ("zero3", "dynamic"), ("fsdp2", "sampler")])
+@pytest.mark.parametrize("mode, scales", [("fsdp2", "bf16"), ("zero3", "sampler"), ("fsdp2", "sampler")])
 def test_shared_prompt_forward_gives_trls_log_probs_on_a_sharded_learner(sharded_run, mode, scales):
     """The trainer's shared-prompt forward (one model call on packed rows with a 4-D mask) through FSDP2's and
-    ZeRO-3's hooks: the log-probs of TRL's row-by-row forward on the same sharded learner."""
+    ZeRO-3's hooks: the log-probs of TRL's row-by-row forward on the same sharded learner. Static activation scales
+    only: with `dynamic` ones (an amax over each call's tokens) the two layouts differ at NVFP4 rounding, by design
+    (docs/trainer.md)."""
     for facts in sharded_run(mode, scales, "bf16" if scales == "bf16" else "nvfp4"):
         assert facts["shared_prompt_diff"] < 1e-4, facts["shared_prompt_diff"]

@@ -100,6 +100,7 @@ def test_groups_pack_each_prompt_once():
     packed = pack_shared_prompts(ids, mask, C, groups)
     # (P - 1) prompt positions once, then one block of C per completion
     assert packed.input_ids.shape == (3, P - 1 + 3 * C)
+    assert packed.row_ids == list(range(7))
     assert packed.rows[0] == (0, P - 1) and packed.rows[2] == (0, P - 1 + C) and packed.rows[3] == (2, P - 1)
     # a completion token sees the prompt's tokens and its own block only
     m = packed.attention_mask[0, 0]

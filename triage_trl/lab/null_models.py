@@ -83,7 +83,8 @@ def na_share_null(learner: torch.Tensor, sampler: torch.Tensor, advantages: torc
         permuted = permute_within_groups(adv, group_size, generator)
         null.append(na_share(gap.gap, permuted[:, None], tail))
     kept = [v for v in null if not math.isnan(v)]
-    return {**_compare(observed, kept), "n_tail": int(torch.count_nonzero(tail)), **({"draws": null} if keep_draws else {})}
+    return {**_compare(observed, kept), "n_tail": int(torch.count_nonzero(tail)),
+            **({"draws": null} if keep_draws else {})}
 
 
 def permute_within_groups(advantages: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:

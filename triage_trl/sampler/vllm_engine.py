@@ -58,17 +58,14 @@ def _is_moe_checkpoint(checkpoint_dir) -> bool:
     return any(int(config.get(key, 0) or 0) > 0 for key in _MOE_CONFIG_KEYS)
 
 
-def _ensure_expert_group(tensor_parallel_size: int, *, moe_only: bool = False, moe: bool = False) -> None:
-    """Create vLLM's expert-parallel group if this process's shared parallel groups have none (``moe_only``: only
-    when ``moe``). vLLM 0.31 makes it only when the process's first engine serves a MoE model
-    (``initialize_model_parallel``), so a MoE engine started next to a dense one failed with "expert parallel group
-    is not initialized"; :func:`start_engine` adds it before a MoE engine starts and after any engine started (an
-    unused group for a dense one). Colocated engines have no data or context parallelism: its groups are the TP
-    groups."""
+def _ensure_expert_group(tensor_parallel_size: int) -> None:
+    """Create vLLM's expert-parallel group if this process's shared parallel groups have none. vLLM 0.31 makes it
+    only when the process's first engine serves a MoE model (``initialize_model_parallel``), so a MoE engine started
+    next to a dense one failed with "expert parallel group is not initialized"; :func:`start_engine` adds it before a
+    MoE engine starts and after any engine started (an unused group for a dense one). Colocated engines have no data
+    or context parallelism: its groups are the TP groups."""
     from vllm.distributed import parallel_state as ps
 
-    if moe_only and not moe:
-        return
     if ps._EP is not None or not ps.model_parallel_is_initialized():
         return
     world = ps.get_world_group()
@@ -137,7 +134,8 @@ def start_engine(
     kwargs.update(llm_kwargs)
     disabled_env = ",".join([*filter(None, os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")), *disabled])
     tensor_parallel_size = int(kwargs.get("tensor_parallel_size") or 1)
-    _ensure_expert_group(tensor_parallel_size, moe_only=True, moe=_is_moe_checkpoint(checkpoint_dir))
+    if _is_moe_checkpoint(checkpoint_dir):
+        _ensure_expert_group(tensor_parallel_size)
     with environment_overrides({"VLLM_DISABLED_KERNELS": disabled_env} if disabled else {}), preserved_torch_threads():
         llm = LLM(**kwargs)
     _ensure_expert_group(tensor_parallel_size)  # for MoE engines started next to this one

@@ -565,7 +565,8 @@ class TriageGRPOTrainer(GRPOTrainer):
             report["learner"] = "bf16 (no NVFP4 layers)"
         calls = self.learner_forwards
         counts = f"{calls['shared_prompt']} shared-prompt and {calls['rows']} row-by-row forwards"
-        report["learner_forward"] = (f"shared prompt, each scored once per group ({counts})" if self.shared_prompt_forward
+        report["learner_forward"] = (f"shared prompt, each scored once per group ({counts})"
+                                     if self.shared_prompt_forward
                                      else f"TRL's rows ({self.shared_prompt_off_reason}; {counts})")
         learner_dtype = next(self.model.parameters()).dtype
         report["compute_dtype"] = (f"learner weights {str(learner_dtype).removeprefix('torch.')}; NVFP4 GEMMs and "

@@ -85,18 +85,20 @@ class SharedPromptBatch:
         attention_mask: (G, 1, L, L) bool, ``True`` = the query (dim 2) attends to the key (dim 3); every token
             sees at least itself, so no softmax row is empty.
         shift_labels: (G, L) the token each position predicts (-100: not scored).
-        rows: per original row, ``(packed row, first position)`` of its ``completion_length`` scored positions.
+        row_ids: the original rows packed, ascending. rows: for each of them, ``(packed row, first position)`` of
+            its ``completion_length`` scored positions.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     attention_mask: torch.Tensor
     shift_labels: torch.Tensor
+    row_ids: list[int]
     rows: list[tuple[int, int]]
     completion_length: int
 
     def unpack(self, per_token: torch.Tensor) -> torch.Tensor:
-        """(G, L) per-position values (log-probs, entropies) -> (B, C) per completion token, TRL's row order."""
+        """(G, L) per-position values (log-probs, entropies) -> (len(row_ids), C) per completion token."""
         c = self.completion_length
         return torch.stack([per_token[g, start:start + c] for g, start in self.rows])
 
@@ -152,8 +154,8 @@ def pack_shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, c
     same_or_prompt = (block[:, :, None] == block[:, None, :]) | (block[:, None, :] == -1)
     mask = causal[None] & same_or_prompt & key_ok[:, None, :]
     mask |= torch.eye(length, dtype=torch.bool, device=device)[None]
-    order = [row for members in groups for row in members]
-    return SharedPromptBatch(ids, positions, mask[:, None], labels, [rows[r] for r in sorted(order)], c)
+    row_ids = sorted(rows)
+    return SharedPromptBatch(ids, positions, mask[:, None], labels, row_ids, [rows[r] for r in row_ids], c)
 
 
 def chunk_groups(groups: list[list[int]], batch_size: int) -> list[list[list[int]]]:
@@ -200,7 +202,7 @@ def shared_prompt_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
         logps_parts.append(packed.unpack(out.log_probs))
         if compute_entropy:
             entropy_parts.append(packed.unpack(out.entropy))
-        order += sorted(row for members in chunk for row in members)
+        order += packed.row_ids
     index = torch.tensor(order, device=input_ids.device)
     back = torch.argsort(index)
     logps = torch.cat(logps_parts).index_select(0, back)
