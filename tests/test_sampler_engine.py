@@ -187,6 +187,45 @@ def test_reload_without_the_head_refresh_serves_a_stale_tied_head(triage_sampler
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision,tied", [("bf16", True), ("nvfp4", True), ("nvfp4", False)])
+def test_sync_leaves_out_frozen_unchanged_vocabulary_matrices(triage_samplers, precision, tied):
+    """``frozen_vocab.FrozenVocabSkip``: once the engine holds a frozen embedding (and an untied frozen head), later
+    syncs leave them out, and a tied head is not re-packed; the sampler still follows the decoder's moves, and an
+    in-place change of the frozen embedding is sent again."""
+    s = triage_samplers(precision, tied=tied)
+    ids = s.tokenizer(PROBE)["input_ids"]
+    matrices = {"model.embed_tokens.weight": s.model.model.embed_tokens.weight}
+    if not tied:
+        matrices["lm_head.weight"] = s.model.lm_head.weight
+    refreshed = []
+    from triage_trl.sampler import cpu_reload
+
+    real_refresh = cpu_reload.refresh_cpu_lm_heads
+    try:
+        cpu_reload.refresh_cpu_lm_heads = lambda model: refreshed.append(1) or real_refresh(model)
+        for p in matrices.values():
+            p.requires_grad_(False)
+        s.gen.sync_weights()  # the engine receives them once as frozen
+        assert s.gen.frozen_vocab.skipped == []
+        refreshed.clear()
+        decoder = perturb(s.model, seed=7, scale=1.0, chosen=lambda name: name.endswith("proj.weight"))
+        assert_sync_catches_up(s, ids, precision, decoder, f"{precision} tied={tied}, vocabulary left out")
+        assert sorted(s.gen.frozen_vocab.skipped) == sorted(matrices)
+        assert refreshed == []  # nothing re-packed: the embedding was not sent
+        embedding = perturb(s.model, seed=8, scale=1.0, chosen=lambda name: name == "model.embed_tokens.weight")
+        assert_sync_catches_up(s, ids, precision, embedding, f"{precision} tied={tied}, frozen embedding changed")
+        assert "model.embed_tokens.weight" not in s.gen.frozen_vocab.skipped  # restored in place: sent again
+        assert refreshed == [1, 1]  # the change's sync and the restore's
+    finally:
+        cpu_reload.refresh_cpu_lm_heads = real_refresh
+        for p in matrices.values():
+            p.requires_grad_(True)
+        s.gen.sync_weights()
+    assert s.gen.frozen_vocab.skipped == []
+    assert probe_gap(s, ids) <= GAP_BOUND[precision]
+
+
+@pytest.mark.slow
 def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
     """Static activation scales (calibrated once, at start): re-syncing the same weights reproduces the sampler
     bit for bit, so held-out evaluations before and after a sync compare the policy, not a recalibration."""

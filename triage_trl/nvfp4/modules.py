@@ -97,6 +97,22 @@ def merged_weight(module: nn.Module) -> torch.Tensor:
         return base_w
     total = base_w.float()
     for adapter in module.active_adapters:
-        if adapter in module.lora_A:
+        if adapter not in module.lora_A:
+            continue
+        if _plain_lora(module, adapter):  # W + s * B @ A in one pass, no [out, in] temporary for the delta
+            total = torch.addmm(total, module.lora_B[adapter].weight.float(), module.lora_A[adapter].weight.float(),
+                                alpha=module.scaling[adapter])
+        else:
             total = total + module.get_delta_weight(adapter).float()
     return total.to(base_w.dtype)
+
+
+def _plain_lora(module: nn.Module, adapter: str) -> bool:
+    """A ``peft`` LoRA ``Linear`` whose delta is ``scaling * B @ A`` (no DoRA, no ``fan_in_fan_out`` transpose)."""
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return False
+    return (type(module) is LoraLinear and not getattr(module, "fan_in_fan_out", False)
+            and not module.use_dora.get(adapter, False)
+            and isinstance(module.lora_A[adapter], nn.Linear) and isinstance(module.lora_B[adapter], nn.Linear))

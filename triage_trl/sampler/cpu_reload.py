@@ -45,11 +45,13 @@ def refresh_cpu_lm_heads(model: nn.Module) -> int:
     return count
 
 
-def after_cpu_reload(model: nn.Module) -> dict[str, int]:
+def after_cpu_reload(model: nn.Module, *, lm_heads: bool = True) -> dict[str, int]:
     """Everything a vLLM 0.31 CPU engine needs after ``reload_weights`` (``llm.apply_model``): a tied head's GEMM
-    (:func:`refresh_cpu_lm_heads`) and the bf16 MoE experts' layout
+    (:func:`refresh_cpu_lm_heads`; ``lm_heads=False`` when the reload did not receive the embedding, which then kept
+    its weight and its head's packed copy: ``frozen_vocab.FrozenVocabSkip``) and the bf16 MoE experts' layout
     (:func:`triage_trl.nvfp4.experts.repack_cpu_moe_after_reload`). Returns ``{"lm_heads": n, "moe_experts": m}``,
     what each touched."""
     from ..nvfp4.experts import repack_cpu_moe_after_reload
 
-    return {"lm_heads": refresh_cpu_lm_heads(model), "moe_experts": repack_cpu_moe_after_reload(model)}
+    heads = refresh_cpu_lm_heads(model) if lm_heads else 0
+    return {"lm_heads": heads, "moe_experts": repack_cpu_moe_after_reload(model)}

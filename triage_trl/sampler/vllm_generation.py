@@ -30,6 +30,7 @@ Source: TRL 1.16 ``trl/generation/vllm_generation.py``; vLLM 0.31 ``Worker.reloa
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -45,6 +46,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
 from ..models.blocks import parameters_materialized
+from .frozen_vocab import FrozenVocabSkip
 from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
 from .vllm_engine import sampler_dtype, sampler_tensors, start_engine, write_engine_checkpoint
@@ -143,6 +145,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.input_global_scales: dict[str, torch.Tensor] | None = None
         self.num_syncs = 0
         self.on_sync: Callable[[], None] | None = None
+        self.frozen_vocab = FrozenVocabSkip()
         super().__init__(model, accelerator, processing_class, **kwargs)
 
     # ------------------------------------------------------------------ start
@@ -279,15 +282,21 @@ class TriageVLLMGeneration(VLLMGeneration):
             self.input_global_scales = reduce_input_global_scales(self._calibrate(self.model), self.accelerator)
         direct = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
         kept: list[tuple[str, torch.Tensor]] = []
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": self._iter_sampler_weights(direct, kept), "is_checkpoint_format": True},
-        )
+        skip = self.frozen_vocab
+        skip.plan(self.model, whole=not (self._dist.is_fsdp or self._dist.is_zero3))
+        with skip.quiet_reload():
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": skip.filter(self._iter_sampler_weights(direct, kept)),
+                        "is_checkpoint_format": True},
+            )
+        skip.commit()
         if kept:  # after the reload, outside its wrapped loaders (see RELOAD_DIRECT_COPY)
             self.llm.apply_model(lambda model: sorted(model.load_weights(iter(kept))))
         from .cpu_reload import after_cpu_reload
 
-        self.llm.apply_model(after_cpu_reload)  # vLLM 0.31 CPU: a tied lm_head and MoE experts go stale on reload
+        # vLLM 0.31 CPU: a tied lm_head (when the embedding was sent) and MoE experts go stale on reload
+        self.llm.apply_model(functools.partial(after_cpu_reload, lm_heads=skip.input_embedding_sent))
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()
