@@ -28,7 +28,7 @@ from torch import nn
 from ..runtime.progress import progress
 from .experts import NVFP4EmulatedExperts, experts_forward, iter_moe_experts
 from .modules import base_linear, fused_group, iter_logical_linears
-from .numerics import global_scale_from_amax
+from .numerics import abs_max, global_scale_from_amax
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
 __all__ = ["calibrate_input_global_scales", "nvfp4_quantizers_disabled"]
@@ -99,7 +99,7 @@ def calibrate_input_global_scales(
 
     def make_hook(name):
         def hook(_module, args):
-            value = args[0].detach().abs().amax().float()
+            value = abs_max(args[0])
             amax[name] = torch.maximum(amax[name], value) if name in amax else value
 
         return hook

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from .experts import CHECKPOINT_PROJECTIONS
-from .numerics import check_finite, global_scale_from_amax
+from .numerics import abs_max, check_finite, global_scale_from_amax
 from .quantize import nvfp4_quantize_packed
 
 __all__ = ["expert_checkpoint_tensor_names", "iter_expert_checkpoint_tensors"]
@@ -78,7 +78,7 @@ def iter_expert_checkpoint_tensors(
             for leaf, part in zip(leaves, _split(projection, w)):
                 yield f"{experts}.{e}.{leaf}.weight", part
             continue
-        amax = w.abs().amax().float().cpu()
+        amax = abs_max(w).cpu()
         check_finite(amax, f"The weight of expert {e} of {projection}")
         global_scale = global_scale_from_amax(amax)  # one per expert, shared by gate and up
         codes, scales = nvfp4_quantize_packed(w, (1.0 / global_scale).to(w.device), four_over_six=four_over_six)

@@ -43,7 +43,7 @@ from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .checkpoint_experts import iter_expert_checkpoint_tensors
 from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
-from .numerics import check_finite, global_scale_from_amax
+from .numerics import abs_max, check_finite, global_scale_from_amax
 from .quantize import nvfp4_quantize_packed
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
@@ -140,7 +140,7 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six) -> Iter
     for name in names:
         if name in quantized:
             g = fused_group(name)
-            amax = weights[name].abs().amax().float().cpu()
+            amax = abs_max(weights[name]).cpu()
             check_finite(amax, f"The weight of {name}")
             scale = scales[name].detach().float().reshape(()).cpu()
             group_w_amax[g] = torch.maximum(group_w_amax[g], amax) if g in group_w_amax else amax

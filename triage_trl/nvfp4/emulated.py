@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import runtime
-from .numerics import check_finite, global_scale_from_amax, per_tensor_scale_from_amax
+from .numerics import abs_max, check_finite, global_scale_from_amax, per_tensor_scale_from_amax
 from .quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_vllm
 
 __all__ = ["NVFP4EmulatedLinear", "NVFP4WeightGeneration"]
@@ -197,7 +197,7 @@ class NVFP4EmulatedLinear(nn.Linear):
         return new
 
     def _weight_amax(self, weight: torch.Tensor) -> torch.Tensor:
-        amax = weight.detach().abs().amax().float()
+        amax = abs_max(weight)
         check_finite(amax, f"The weight of NVFP4 learner layer {self.nvfp4_name or self} (or of its fused group)")
         return amax
 

@@ -42,9 +42,11 @@ __all__ = [
     "F4_E2M1_MAX",
     "F8E4M3_MAX",
     "FP4_RANGE",
+    "abs_max",
     "check_finite",
-    "dynamic_per_tensor_scale",
     "decode_codes",
+    "decode_packed",
+    "dynamic_per_tensor_scale",
     "encode_e2m1",
     "global_scale_from_amax",
     "per_tensor_scale_from_amax",
@@ -107,6 +109,13 @@ def check_finite(amax: torch.Tensor, what: str) -> None:
         )
 
 
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """``x.abs().amax()`` as 0-dim float32, from one ``torch.aminmax`` pass (no ``|x|`` temporary; NaN propagates):
+    ``max(-min, max)`` is exact. On a 2-core AVX2 EPYC 10-25x faster than ``abs().amax()`` on a weight."""
+    low, high = torch.aminmax(x.detach())
+    return torch.maximum(-low, high).float()
+
+
 def per_tensor_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """torchao's per-tensor scale (a multiplier) of a tensor with absolute maximum ``amax``: ``amax / 2688``
     (``per_tensor_amax_to_scale``), 0-dim float32; 1.0 when amax is 0 (every block decodes to 0)."""
@@ -116,7 +125,7 @@ def per_tensor_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
 
 def dynamic_per_tensor_scale(x: torch.Tensor) -> torch.Tensor:
     """``per_tensor_scale_from_amax(amax(|x|))``: torchao's dynamic recipe."""
-    return per_tensor_scale_from_amax(x.detach().abs().amax())
+    return per_tensor_scale_from_amax(abs_max(x))
 
 
 def global_scale_from_amax(amax: torch.Tensor, what: str = "tensor") -> torch.Tensor:
@@ -232,6 +241,14 @@ def decode_codes(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: t
     value = torch.where((codes & 0x08) != 0, -value, value)
     blocks = value.reshape(codes.shape[0], -1, BLOCK_SIZE) * (block_scale * global_scale).unsqueeze(-1)
     return blocks.reshape(codes.shape[0], -1)
+
+
+def decode_packed(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """:func:`decode_codes` of packed NVFP4 bytes: ``packed`` int32 [M, K/2] (the uint8 bytes widened; element 2j
+    in the low nibble, torchao's ``pack_uint4``), the rest as there; float32 [M, K]. Unpacking inside the compiled
+    pass writes the [M, K] codes never (1.7x faster than ``unpack_uint4`` first, on a 2-core AVX2 EPYC)."""
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    return decode_codes(codes, block_scale, global_scale)
 
 
 def _reciprocal(x: torch.Tensor) -> torch.Tensor:

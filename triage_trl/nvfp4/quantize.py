@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 import torch
-from torchao.prototype.mx_formats.kernels import pack_uint4, unpack_uint4
+from torchao.prototype.mx_formats.kernels import pack_uint4
 
 from . import numerics
 from .numerics import BLOCK_SIZE, dynamic_per_tensor_scale
@@ -191,14 +191,14 @@ def nvfp4_dequantize_packed(
     *, compiled: bool = True,
 ) -> torch.Tensor:
     """Dequantise compressed-tensors NVFP4 weights (uint8 [out, in/2], E4M3 [out, in/16], 0-dim float32 multiplier)
-    to ``dtype`` [out, in] (torchao's ``unpack_uint4``, then one fused pass): vLLM's ``dequantize_to_dtype``
-    (unswizzled), bit for bit (``numerics.decode_codes``)."""
+    to ``dtype`` [out, in] in one fused pass (unpacking included): vLLM's ``dequantize_to_dtype``
+    (unswizzled), bit for bit (``numerics.decode_packed``)."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ValueError(f"packed NVFP4 weights must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}.")
     if packed.numel() == 0:
         return torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=dtype, device=packed.device)
-    codes = unpack_uint4(packed).to(torch.int32)  # int32: uint8 arithmetic compiles to scalar loops on CPU
-    out = _run_2d(numerics.decode_codes, codes, block_scale.view(torch.float8_e4m3fn).float(),
+    widened = packed.to(torch.int32)  # int32: uint8 arithmetic compiles to scalar loops on CPU
+    out = _run_2d(numerics.decode_packed, widened, block_scale.view(torch.float8_e4m3fn).float(),
                   _scalar(global_scale, packed.device), compiled=compiled)
     return out.to(dtype)
 
