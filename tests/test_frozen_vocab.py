@@ -50,8 +50,14 @@ def test_frozen_matrices_are_left_out_once_the_engine_holds_them():
         model.embed.weight.mul_(2.0)  # an in-place change advances the version counter
     assert sync(skip, model) == ["embed.weight", "embed.slice", "proj.weight"] and skip.input_embedding_sent
     assert sync(skip, model, whole=False) == everything  # sharded learners: nothing left out
-    skip.reset()  # a new engine holds nothing
-    assert sync(skip, model) == everything
+
+
+def test_a_new_parameter_in_place_of_a_freed_one_is_sent():
+    model, skip = TinyLM(tied=False), FrozenVocabSkip()
+    model.embed.weight.requires_grad_(False)
+    sync(skip, model)
+    model.embed.weight = nn.Parameter(model.embed.weight.detach().clone(), requires_grad=False)
+    assert "embed.weight" in sync(skip, model)
 
 
 def test_a_tied_head_is_one_matrix():

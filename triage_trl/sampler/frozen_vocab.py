@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -38,8 +39,8 @@ class FrozenVocabSkip:
     """Per sampler: which frozen vocabulary matrices the engine holds, and which a sync may leave out.
 
     Use per sync: :meth:`plan` (before the export), :meth:`filter` on the export's ``(name, tensor)`` pairs,
-    :meth:`quiet_reload` around the reload, :meth:`commit` after it succeeded. :meth:`reset` when the engine starts
-    again (it then holds only the start checkpoint's weights).
+    :meth:`quiet_reload` around the reload, :meth:`commit` after it succeeded. One per engine: a new engine holds only
+    its start checkpoint's weights.
 
     Attributes:
         skipped: checkpoint names the last sync left out.
@@ -48,14 +49,13 @@ class FrozenVocabSkip:
     """
 
     def __init__(self):
-        self._served: dict[int, tuple[int, int]] = {}  # id(parameter) -> (data_ptr, version) when sent
+        # id(parameter) -> (a weak reference to it, (data_ptr, version) when sent): the reference tells a parameter
+        # from a later one that reuses a freed one's id and address
+        self._served: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
         self._plan: dict[int, nn.Parameter] = {}
-        self._sending: dict[int, tuple[int, int]] = {}
+        self._sending: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
         self.skipped: list[str] = []
         self.input_embedding_sent = True
-
-    def reset(self) -> None:
-        self._served.clear()
 
     def plan(self, model: nn.Module, *, whole: bool) -> None:
         """Choose this sync's skips: the frozen vocabulary matrices of ``model`` unchanged since the engine received
@@ -75,10 +75,11 @@ class FrozenVocabSkip:
             if weight.requires_grad or weight.is_meta:
                 continue
             state = (weight.data_ptr(), weight._version)
-            if self._served.get(id(weight)) == state:
+            ref, served = self._served.get(id(weight), (None, None))
+            if ref is not None and ref() is weight and served == state:
                 self._plan[weight.data_ptr()] = weight
             else:
-                self._sending[id(weight)] = state
+                self._sending[id(weight)] = (weakref.ref(weight), state)
         embedding = getattr(getattr(inner, "get_input_embeddings", lambda: None)(), "weight", None)
         self.input_embedding_sent = embedding is None or embedding.data_ptr() not in self._plan
 
