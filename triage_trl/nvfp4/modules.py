@@ -108,11 +108,15 @@ def merged_weight(module: nn.Module) -> torch.Tensor:
 
 
 def _plain_lora(module: nn.Module, adapter: str) -> bool:
-    """A ``peft`` LoRA ``Linear`` whose delta is ``scaling * B @ A`` (no DoRA, no ``fan_in_fan_out`` transpose)."""
+    """A ``peft`` LoRA ``Linear`` adapter whose delta is ``scaling * B @ A``: no variant (DoRA and the others PEFT
+    registers in ``lora_variant``), no ``fan_in_fan_out`` transpose, no LoRA bias."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:
         return False
-    return (type(module) is LoraLinear and not getattr(module, "fan_in_fan_out", False)
-            and not module.use_dora.get(adapter, False)
-            and isinstance(module.lora_A[adapter], nn.Linear) and isinstance(module.lora_B[adapter], nn.Linear))
+    if type(module) is not LoraLinear or getattr(module, "fan_in_fan_out", False):
+        return False
+    if adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False):
+        return False
+    lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
+    return isinstance(lora_a, nn.Linear) and isinstance(lora_b, nn.Linear) and lora_b.bias is None

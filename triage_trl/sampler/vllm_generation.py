@@ -283,14 +283,13 @@ class TriageVLLMGeneration(VLLMGeneration):
         direct = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
         kept: list[tuple[str, torch.Tensor]] = []
         skip = self.frozen_vocab
-        skip.plan(self.model, whole=not (self._dist.is_fsdp or self._dist.is_zero3))
+        # Sharded learners gather a copy per sync; sleep mode (level 2) discards the engine's weights.
+        skip.plan(self.model, enabled=not (self._dist.is_fsdp or self._dist.is_zero3 or self.enable_sleep_mode))
         with skip.quiet_reload():
             self.llm.collective_rpc(
                 "reload_weights",
-                kwargs={"weights_iterator": skip.filter(self._iter_sampler_weights(direct, kept)),
-                        "is_checkpoint_format": True},
+                kwargs={"weights_iterator": self._iter_sampler_weights(direct, kept, skip), "is_checkpoint_format": True},
             )
-        skip.commit()
         if kept:  # after the reload, outside its wrapped loaders (see RELOAD_DIRECT_COPY)
             self.llm.apply_model(lambda model: sorted(model.load_weights(iter(kept))))
         from .cpu_reload import after_cpu_reload
@@ -298,6 +297,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         # vLLM 0.31 CPU: a tied lm_head (when the embedding was sent) and MoE experts go stale on reload
         self.llm.apply_model(functools.partial(after_cpu_reload, lm_heads=skip.input_embedding_sent))
         self.llm.reset_prefix_cache()
+        skip.commit()
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:
@@ -331,16 +331,19 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     # ------------------------------------------------------------------ sync
 
-    def _iter_sampler_weights(self, keep: re.Pattern | None = None,
-                              kept: list | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_sampler_weights(self, keep: re.Pattern | None = None, kept: list | None = None,
+                              skip: FrozenVocabSkip | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
-        one decoder block made whole at a time (``triage_trl.nvfp4.checkpoint_tensors.iter_checkpoint_weights``); a copy of each
+        one decoder block made whole at a time (``triage_trl.nvfp4.checkpoint_tensors.iter_checkpoint_weights``),
+        less what ``skip`` leaves out (``frozen_vocab.FrozenVocabSkip.filter``, before any cast); a copy of each
         tensor whose name matches ``keep`` is appended to ``kept``."""
         from ..nvfp4.checkpoint_tensors import iter_checkpoint_weights
 
         weights = iter_checkpoint_weights(
             self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales
         )
+        if skip is not None:
+            weights = skip.filter(weights)
         for name, tensor in sampler_tensors(weights, self.llm.llm_engine.model_config.dtype):
             if keep is not None and keep.search(name):
                 kept.append((name, tensor.detach().clone()))
