@@ -34,7 +34,7 @@ from .grpo_config import TriageGRPOConfig
 from .metrics_log import TriageMetricsLog
 from .model_card import TRIAGE_PAPER, trainer_model_card
 from .reward_checks import check_rewards
-from .run_checks import check_run_inputs, check_shared_prompt_forward, hold_output_dir
+from .run_checks import check_run_inputs, check_sampler_peft_config, check_shared_prompt_forward, hold_output_dir
 from .shared_prompt import prompt_groups, shared_prompt_logps, unsupported_reason
 from .sync_probe import (PROBE_TEMPERATURE, StaleSamplerError, classify_probe, expected_probe_gap, probe_batch,
                          probe_gap, probe_token_ids, untracked_move)
@@ -99,6 +99,8 @@ class TriageGRPOTrainer(GRPOTrainer):
                 "TRIAGE with a rollout_func is not supported: the sampler log-probs and sync probe TRIAGE relies on "
                 "come from its own colocated sampler. Drop rollout_func, or set triage_mode='off'."
             )
+        if args.use_vllm:
+            check_sampler_peft_config(kwargs.get("peft_config"))
         calibration = _calibration_prompts(calibration_dataset, args.nvfp4_calibration_prompts) if (
             calibration_dataset is not None and args.use_vllm and args.sampler_precision == "nvfp4") else None
         self._prior_run = check_run_inputs(

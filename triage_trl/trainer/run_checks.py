@@ -69,6 +69,42 @@ def check_run_inputs(model, args, *, train_dataset=None, eval_dataset=None, cali
     return existing_run(args.output_dir)
 
 
+# Module names of the vocabulary layers in the transformers families the project serves (embeddings, output heads).
+_VOCAB_MODULES = ("embed_tokens", "lm_head", "wte", "embed_in", "embed_out", "word_embeddings", "output")
+
+
+def check_sampler_peft_config(peft_config) -> None:
+    """Refuse, before the model loads, a ``peft`` LoRA configuration whose adapters the sampler sync cannot serve
+    (``nvfp4.modules.merged_weight`` merges plain LoRA into each linear's weight, ``W + scaling * B @ A``; the export
+    sends decoder linears and vocabulary matrices as stored).
+
+    Raises:
+        ValueError: DoRA (``use_dora``), LoRA biases (``lora_bias``), or adapters on a vocabulary layer
+            (``target_modules`` naming an embedding or the output head): the sampler would serve another model than
+            the learner trains. The message names the field to change.
+    """
+    if peft_config is None or not hasattr(peft_config, "target_modules"):
+        return
+    if getattr(peft_config, "use_dora", False):
+        raise ValueError("peft_config.use_dora=True: the sampler sync merges plain LoRA only (W + scaling * B @ A), "
+                         "so its DoRA weights would differ from the learner's. Set use_dora=False.")
+    if getattr(peft_config, "lora_bias", False):
+        raise ValueError("peft_config.lora_bias=True: the sampler sync does not export LoRA biases. Set "
+                         "lora_bias=False.")
+    targets = peft_config.target_modules
+    if isinstance(targets, str):
+        import re
+
+        hit = [] if targets == "all-linear" else [n for n in _VOCAB_MODULES if re.fullmatch(targets, n)
+                                                  or re.fullmatch(targets, f"model.{n}")]
+    else:
+        hit = [n for n in (targets or ()) if n.split(".")[-1] in _VOCAB_MODULES]
+    if hit:
+        raise ValueError(f"peft_config.target_modules includes {hit}: the sampler sync serves LoRA on decoder "
+                         "linears only. Drop the embedding and output head from target_modules (to train them, "
+                         "full fine-tuning).")
+
+
 def _attn_implementation(model, args, config) -> str | None:
     if not isinstance(model, str):
         return getattr(config, "_attn_implementation", None)
