@@ -368,6 +368,9 @@ def nulls_report(out: str, model_path: str, group_size: int) -> dict:
         saved = torch.load(os.path.join(out, "batches", name), weights_only=False)
         batch, learner, sampler = saved["batch"], saved["learner_before"], saved["sampler_before"]
         adv = batch["advantages"].float().view(-1)
+        zero_signal = batch.get("triage_zero_signal")
+        if zero_signal is not None:  # no direction without signal: those completions join no quadrant (as E1's own)
+            adv = torch.where(zero_signal.view(-1).bool(), torch.zeros_like(adv), adv)
         if table is None:
             table = build_newline_table(tokenizer, vocab_size=max(len(tokenizer), int(batch["completion_ids"].max()) + 1))
         segments = segment_ids(batch["completion_ids"], mode="newline", newline_table=table)

@@ -166,3 +166,12 @@ def test_run_collapse_reports_the_optimizer_step(tmp_path):
     path = write_overlay({"nvfp4_naive@stress": [history]}, str(tmp_path / "overlay.png"),
                          {"nvfp4_naive@stress": [11]})
     assert os.path.getsize(path) > 10_000
+
+
+def test_a_batch_without_tail_tokens_is_left_out_of_the_pooled_test():
+    """No tail token (in E1: a batch without learning signal, whose advantages are zeroed) leaves nothing to test:
+    NaN, not a concentration of 0."""
+    empty = tail_concentration_null([3, 4], [0, 0], keep_draws=True)
+    assert math.isnan(empty["observed"]) and empty["n_segments"] == 2
+    full = tail_concentration_null([3, 3, 3], [3, 0, 0], keep_draws=True)
+    assert pooled_null([empty, full])["batches"] == 1

@@ -160,7 +160,8 @@ def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], 
             :func:`pooled_null`).
 
     Returns:
-        ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_segments"}``.
+        ``{"observed", "null_mean", "null_low", "null_high", "p_value", "n_segments"}``; all NaN when no segment holds
+        a tail token.
 
     Raises:
         ValueError: lists of different lengths, a length < 1, or a count outside [0, length].
@@ -171,6 +172,8 @@ def tail_concentration_null(segment_lengths: list[int], tail_counts: list[int], 
         if length < 1 or not 0 <= count <= length:
             raise ValueError(f"A segment of {length} tokens cannot hold {count} tail tokens: lengths must be >= 1 "
                              "and counts in [0, length].")
+    if sum(tail_counts) == 0:  # no tail token: nothing to test (NaN, which pooled_null leaves out)
+        return {**_compare(math.nan, []), "n_segments": len(segment_lengths), **({"draws": []} if keep_draws else {})}
     classes = defaultdict(list)
     for i, length in enumerate(segment_lengths):
         classes[length].append(i)
