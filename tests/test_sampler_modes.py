@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from triage_trl.sampler.frozen_vocab import FrozenVocabSkip
 from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
 
@@ -26,7 +27,7 @@ class RecordingLLM:
         list(kwargs["weights_iterator"])
 
     def apply_model(self, fn):
-        self.calls.append(("apply_model", fn.__name__))
+        self.calls.append(("apply_model", getattr(fn, "__name__", None) or fn.func.__name__))  # a partial too
         return [0]
 
     def reset_prefix_cache(self):
@@ -47,6 +48,7 @@ def sleeping_sampler():
         llm=llm, model=torch.nn.Linear(2, 2), mode="colocate", enable_sleep_mode=True, _llm_weights_sleeping=True,
         sampler_precision="bf16",
         input_global_scales=None, recalibrate_every_sync=False, num_syncs=0, temperature=1.0, on_sync=None,
+        frozen_vocab=FrozenVocabSkip(), _dist=SimpleNamespace(is_fsdp=False, is_zero3=False),
     )
     sampler._iter_sampler_weights = lambda *args: iter([("w", None)])
     return sampler, llm
