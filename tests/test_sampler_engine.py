@@ -225,7 +225,7 @@ def test_sync_leaves_out_frozen_unchanged_vocabulary_matrices(triage_samplers, p
         assert sorted(s.gen.frozen_vocab.skipped) == sorted(matrices)
         assert refreshed == []  # nothing re-packed: the embedding was not sent
         assert warned == []  # no warning about what the syncs left out
-        embedding = perturb(s.model, seed=8, scale=1.0, chosen=lambda name: name == "model.embed_tokens.weight")
+        embedding = perturb(s.model, seed=8, scale=2.0, chosen=lambda name: name == "model.embed_tokens.weight")
         assert_sync_catches_up(s, ids, precision, embedding, f"{precision} tied={tied}, frozen embedding changed")
         assert "model.embed_tokens.weight" not in s.gen.frozen_vocab.skipped  # restored in place: sent again
         assert refreshed == [1, 1]  # the change's sync and the restore's

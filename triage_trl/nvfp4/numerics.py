@@ -111,7 +111,7 @@ def check_finite(amax: torch.Tensor, what: str) -> None:
 
 def abs_max(x: torch.Tensor) -> torch.Tensor:
     """``x.abs().amax()`` of a floating or signed tensor as 0-dim float32, from one ``torch.aminmax`` pass (no ``|x|``
-    temporary; NaN propagates): ``max(-min, max)`` is exact. On a 2-core AVX2 EPYC 10-25x faster than ``abs().amax()`` on a weight."""
+    temporary; NaN propagates): ``max(-min, max)`` is exact."""
     low, high = torch.aminmax(x.detach())
     return torch.maximum(-low, high).float()
 
