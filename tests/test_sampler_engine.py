@@ -265,6 +265,7 @@ def test_nvfp4_sync_without_a_weight_change_changes_nothing(triage_samplers):
 @pytest.mark.slow
 def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
     s = triage_samplers("bf16")
+    monkeypatch.setattr(s.gen, "direct_write_ok", (False, "this test checks the reload path"))
     runner = model_runner(s.gen)
     calls = []
     original = runner.reload_weights
@@ -287,6 +288,62 @@ def test_bf16_sync_is_exact_and_one_reload_call(triage_samplers, monkeypatch):
     names, _ = calls[0]
     assert names == {n for n, _ in s.model.named_parameters()}
     assert gap <= GAP_BOUND["bf16"]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).contiguous().view(torch.uint8)
+
+
+def engine_state(gen) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Copies of every parameter and buffer of the engine's model, and of the NVFP4 kernel's dequantised weights."""
+    def read(model):
+        tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        caches = {n: m.nvfp4_dequantised.weight.clone() for n, m in model.named_modules()
+                  if hasattr(m, "nvfp4_dequantised")}
+        return tensors, caches
+
+    return gen.llm.apply_model(read)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,tied", [("bf16", False), ("nvfp4", False), ("nvfp4", True)])
+def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monkeypatch, precision, tied):
+    """After the first load a sync writes the engine's layers directly (``sampler.direct_write``), without vLLM's
+    layerwise reload: every parameter and buffer, the NVFP4 kernel's dequantised weights and the log-probs of the
+    probe equal, bit for bit, what ``reload_weights`` makes of the same learner weights; no reload call runs."""
+    s = triage_samplers(precision, tied=tied)
+    assert s.gen.direct_write_ok == (True, "") and s.gen.kernel_report["weight_sync"].startswith("direct write")
+    ids = s.tokenizer(PROBE)["input_ids"]
+    runner = model_runner(s.gen)
+    calls = []
+    original = runner.reload_weights
+    monkeypatch.setattr(runner, "reload_weights", lambda **kw: calls.append(1) or original(**kw))
+    before = s.gen.score_logps([ids])[0]
+    deltas = perturb(s.model, seed=11, chosen=lambda n: n.endswith("weight"))  # linears, norms, vocabulary
+    try:
+        s.gen.sync_weights()
+        assert calls == [] and s.gen.direct_write.passed_on == []
+        followed = probe_gap(s, ids)  # the sampler follows the learner's move (not two stale engines alike)
+        written = s.gen.direct_write.written
+        assert any(n.endswith("qkv_proj") for n in written) and any(n.endswith("gate_up_proj") for n in written)
+        assert any(n.endswith("layernorm") for n in written) and "model.embed_tokens" in written
+        direct_state, direct_logps = engine_state(s.gen), s.gen.score_logps([ids])[0]
+        monkeypatch.setattr(s.gen, "direct_write_ok", (False, "the reference"))
+        s.gen.sync_weights()
+        assert calls == [1]
+        reload_state, reload_logps = engine_state(s.gen), s.gen.score_logps([ids])[0]
+        monkeypatch.undo()
+    finally:
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+    for direct, reloaded in zip(direct_state, reload_state):
+        assert direct.keys() == reloaded.keys()
+        for name in direct:
+            assert direct[name].dtype == reloaded[name].dtype, name
+            assert torch.equal(_bits(direct[name]), _bits(reloaded[name])), name
+    assert len(direct_state[0]) > 0 and (len(direct_state[1]) > 0) == (precision == "nvfp4")
+    assert direct_logps == reload_logps and direct_logps != before
+    assert followed <= GAP_BOUND[precision] and probe_gap(s, ids) <= GAP_BOUND[precision]
 
 
 @pytest.mark.slow

@@ -46,6 +46,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from ..nvfp4.config import PRECISIONS
 from ..models.blocks import parameters_materialized
+from .direct_write import DirectWrite, direct_write_supported
 from .frozen_vocab import FrozenVocabSkip
 from .kernel_choice import check_sampler_kernel, resolve_sampler_kernel, sampler_kernel_engine_kwargs
 from .ranks import all_ranks_agree, reduce_input_global_scales
@@ -146,6 +147,9 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.num_syncs = 0
         self.on_sync: Callable[[], None] | None = None
         self.frozen_vocab = FrozenVocabSkip()
+        self.direct_write = DirectWrite()
+        self.direct_write_ok: tuple[bool, str] = (False, "the engine has not started")
+        self._engine_loaded = False
         super().__init__(model, accelerator, processing_class, **kwargs)
 
     # ------------------------------------------------------------------ start
@@ -178,6 +182,10 @@ class TriageVLLMGeneration(VLLMGeneration):
             self._start_engine(kernel_kwargs)  # every later Accelerator of this process a MULTI_CPU one
         self._shutdown = _own_engine_teardown(self, self.llm)
         try:
+            self.direct_write_ok = self._direct_write_supported()
+            self.kernel_report["weight_sync"] = ("direct write into the engine's layers after the first load "
+                                                 "(triage_trl.sampler.direct_write)" if self.direct_write_ok[0] else
+                                                 f"one reload_weights call ({self.direct_write_ok[1]})")
             if self.sampler_kernel is not None:
                 check_sampler_kernel(self.sampler_kernel[0], self.kernel_report)
                 self.kernel_report["nvfp4_sampler_kernel"] = "{} ({})".format(*self.sampler_kernel)
@@ -214,6 +222,15 @@ class TriageVLLMGeneration(VLLMGeneration):
             load_format="dummy",  # the weights come from the learner, in memory: see _load_learner_weights
             **{**kernel_kwargs, **self.llm_kwargs},
         )
+
+    def _direct_write_supported(self) -> tuple[bool, str]:
+        from vllm.platforms import current_platform
+
+        return direct_write_supported(
+            model_type=getattr(_hf_config(self.model), "model_type", None), on_cpu=current_platform.is_cpu(),
+            enforce_eager=bool(self.llm.llm_engine.vllm_config.model_config.enforce_eager),
+            tensor_parallel_size=self.tensor_parallel_size, sharded_learner=self._dist.is_fsdp or self._dist.is_zero3,
+            sleep_mode=self.enable_sleep_mode)
 
     def _choose_nvfp4_kernel(self) -> dict:
         """Resolve ``nvfp4_sampler_kernel`` for this platform (``sampler.kernel_choice``), log it, and return the
@@ -277,19 +294,26 @@ class TriageVLLMGeneration(VLLMGeneration):
 
     def _load_learner_weights(self) -> None:
         """Calibrate the NVFP4 activation scales if due (identical on every rank), then load the learner's weights
-        into the engine in one ``reload_weights`` call (a collective under FSDP2 and ZeRO-3)."""
+        into the engine: after the first load, on a CPU engine that allows it, written into the layers directly
+        (``direct_write.DirectWrite``) with anything else in one ``reload_weights`` call; otherwise all of them in
+        one ``reload_weights`` call (a collective under FSDP2 and ZeRO-3)."""
         if self.sampler_precision == "nvfp4" and (self.input_global_scales is None or self.recalibrate_every_sync):
             self.input_global_scales = reduce_input_global_scales(self._calibrate(self.model), self.accelerator)
-        direct = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
+        copy_after = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
         kept: list[tuple[str, torch.Tensor]] = []
         skip = self.frozen_vocab
         # Sharded learners gather a copy per sync; sleep mode (level 2) discards the engine's weights.
         skip.plan(self.model, enabled=not (self._dist.is_fsdp or self._dist.is_zero3 or self.enable_sleep_mode))
-        with skip.quiet_reload():
-            self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_iterator": self._iter_sampler_weights(direct, kept, skip), "is_checkpoint_format": True},
-            )
+        weights = self._iter_sampler_weights(copy_after, kept, skip)
+        writer = self.direct_write
+        writer.written, writer.passed_on = [], []
+        direct = self._engine_loaded and self.direct_write_ok[0]
+        if direct:  # the rest (often nothing) goes through the reload below
+            weights = iter(self.llm.apply_model(lambda model: writer.write(model, weights))[0])
+        if not direct or writer.passed_on:
+            with skip.quiet_reload(), writer.quiet_reload():
+                self.llm.collective_rpc("reload_weights",
+                                        kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if kept:  # after the reload, outside its wrapped loaders (see RELOAD_DIRECT_COPY)
             self.llm.apply_model(lambda model: sorted(model.load_weights(iter(kept))))
         from .cpu_reload import after_cpu_reload
@@ -298,6 +322,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.llm.apply_model(functools.partial(after_cpu_reload, lm_heads=skip.input_embedding_sent))
         self.llm.reset_prefix_cache()
         skip.commit()
+        self._engine_loaded = True
 
     @torch.no_grad()
     def _calibrate(self, model) -> dict[str, torch.Tensor]:

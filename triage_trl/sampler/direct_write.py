@@ -1,0 +1,241 @@
+"""A weight sync written straight into a CPU engine's processed layers, without vLLM's layerwise reload machinery.
+
+vLLM 0.31's in-place ``reload_weights(..., is_checkpoint_format=True)`` handles any layer of any model: per layer it
+puts the checkpoint-format parameters back on the meta device, wraps every weight loader to buffer its calls until
+the layer is complete, materialises the layer, loads it, runs ``process_weights_after_loading`` and copies the
+processed tensors back into the storage the layer had before (CUDA graphs hold those addresses), then puts back every
+layer that received nothing. On the demo's sync (SmolLM2-135M, 2-core AVX2 EPYC) that machinery cost about 0.25 s a
+sync beyond the processing itself (docs/scale.md, "Sync cost").
+
+On vLLM's CPU platform with eager execution nothing holds those addresses, so for the layers whose processing the
+project knows, :class:`DirectWrite` does the same work with none of the machinery: it rebuilds the layer's
+checkpoint-format parameters from the export (the members of a fused layer concatenated in the model's
+``packed_modules_mapping`` order) and calls the layer's own ``quant_method.process_weights_after_loading``, the
+function the reload would have called:
+
+* unquantised linears without a bias (``UnquantizedLinearMethod``: vLLM packs the weight for its CPU GEMM);
+* compressed-tensors NVFP4 W4A4 linears without a bias run by ``cpu_kernel.FastCpuNvFp4LinearKernel`` (the scheme
+  renames, reduces the fused global scales and calls the kernel, which dequantises once);
+* ``RMSNorm`` weights (copied in place, as the model's default weight loader does);
+* vocabulary matrices of the checkpoint's shape (copied in place and re-packed; the tied ``lm_head`` is refreshed
+  after the sync, ``cpu_reload.refresh_cpu_lm_heads``).
+
+Anything else (biases, MoE experts, padded vocabularies, names the model maps differently) is returned to the caller
+and goes through ``reload_weights`` in the same sync. Used for the model types in :data:`DIRECT_WRITE_MODEL_TYPES`,
+each checked against the reload bit for bit (``tests/test_sampler_engine.py``), after the engine's first load
+(a reload), on one process or DDP ranks (the learner whole), never with FSDP2, ZeRO-3, sleep mode, tensor
+parallelism or a compiled engine (``enforce_eager=False``): those reload as before (:func:`direct_write_supported`).
+
+Source: vLLM 0.31 ``model_executor/model_loader/reload/layerwise.py``, ``layers/linear.py``
+(``UnquantizedLinearMethod``), ``layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = ["DIRECT_WRITE_MODEL_TYPES", "DirectWrite", "direct_write_supported"]
+
+DIRECT_WRITE_MODEL_TYPES = frozenset({"llama", "qwen3"})
+"""Hugging Face ``model_type`` values whose direct sync the tests compare with vLLM's reload (engine state and
+log-probs bit for bit): Llama (SmolLM2, the demo's and the lab's model) and Qwen3 (the tests' samplers)."""
+
+_LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_NOT_LOADED = "%s: Failed to load weights"
+_RUNNER_LOGGER = "vllm.v1.worker.gpu_model_runner"
+_NOT_FROM_CHECKPOINT = "Following weights were not loaded from checkpoint: %s"
+_NVFP4_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
+
+
+def direct_write_supported(*, model_type: str | None, on_cpu: bool, enforce_eager: bool, tensor_parallel_size: int,
+                           sharded_learner: bool, sleep_mode: bool) -> tuple[bool, str]:
+    """Whether a sync may write into the engine's layers directly, and why not.
+
+    Returns:
+        ``(ok, reason)``; ``reason`` names the first condition that failed (empty when ``ok``).
+    """
+    for failed, reason in (
+        (not on_cpu, "the engine is not on vLLM's CPU platform"),
+        (not enforce_eager, "the engine is compiled (enforce_eager=False): its graphs may hold the layers' storage"),
+        (tensor_parallel_size != 1, "tensor parallelism shards the layers"),
+        (sharded_learner, "FSDP2 and ZeRO-3 gather the learner one unit at a time through the reload"),
+        (sleep_mode, "sleep mode discards and restores the weights"),
+        (model_type not in DIRECT_WRITE_MODEL_TYPES, f"model type {model_type!r} is not checked against the reload"),
+    ):
+        if failed:
+            return False, reason
+    return True, ""
+
+
+@dataclass
+class _Target:
+    """One vLLM layer the sync writes, and the checkpoint tensors it still waits for."""
+
+    module: nn.Module
+    kind: str  # "dense", "nvfp4", "norm" or "vocab"
+    members: tuple[str, ...]  # checkpoint prefixes, in the fused layer's shard order
+    needed: set[str]
+    got: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class DirectWrite:
+    """Per engine: routes a sync's checkpoint tensors to the engine layers it can write directly.
+
+    Attributes:
+        written: vLLM layer names written by the last sync.
+        passed_on: checkpoint names the last sync returned for ``reload_weights``.
+    """
+
+    def __init__(self):
+        self.written: list[str] = []
+        self.passed_on: list[str] = []
+        self._written_classes: set[str] = set()
+
+    def write(self, model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """Write every layer of ``model`` (a loaded vLLM model, inside ``llm.apply_model``) that ``weights`` completes
+        and this class knows; return the other ``(name, tensor)`` pairs, in order, for ``reload_weights``.
+
+        ``weights`` are checkpoint-format pairs in the engine's dtype (``vllm_engine.sampler_tensors``), one export
+        unit at a time: a layer is written as soon as its last tensor arrives, so at most one unit is held. A layer
+        still incomplete when ``weights`` ends is passed on whole.
+        """
+        from vllm.model_executor.layers.linear import LinearBase
+
+        modules = dict(model.named_modules())
+        packed = getattr(type(model), "packed_modules_mapping", None) or {}
+        member_of = {m: fused for fused, members in packed.items() for m in members}
+        targets: dict[str, _Target] = {}
+        rest: list[tuple[str, torch.Tensor]] = []
+        self.written, self.passed_on, self._written_classes = [], [], set()
+        for name, tensor in weights:
+            prefix, _, leaf = name.rpartition(".")
+            layer_name, target = self._target(prefix, leaf, modules, member_of, packed, targets, LinearBase)
+            if target is None:
+                rest.append((name, tensor))
+                self.passed_on.append(name)
+                continue
+            target.got[name] = tensor
+            target.needed.discard(name)
+            if not target.needed:
+                del targets[layer_name]
+                if self._write(target):
+                    self.written.append(layer_name)
+                    self._written_classes.add(type(target.module).__name__)
+                else:
+                    rest.extend(target.got.items())
+                    self.passed_on.extend(target.got)
+        for target in targets.values():
+            rest.extend(target.got.items())
+            self.passed_on.extend(target.got)
+        return rest
+
+    @contextlib.contextmanager
+    def quiet_reload(self) -> Iterator[None]:
+        """Around a reload of what :meth:`write` passed on: drop vLLM's warnings about the layers written directly
+        (the layerwise reload's "Failed to load weights" for their classes, the model runner's list of weights not
+        loaded, less theirs); every other record passes."""
+        written = tuple(f"{name}." for name in self.written)
+        classes = set(self._written_classes)
+
+        def keep_layerwise(record: logging.LogRecord) -> bool:
+            return not (record.msg == _NOT_LOADED and record.args and record.args[0] in classes)
+
+        def keep_runner(record: logging.LogRecord) -> bool:
+            if record.msg != _NOT_FROM_CHECKPOINT or not record.args or not written:
+                return True
+            record.args = ({n for n in record.args[0] if not n.startswith(written)},)
+            return bool(record.args[0])
+
+        filters = [(logging.getLogger(_LAYERWISE_LOGGER), keep_layerwise), (logging.getLogger(_RUNNER_LOGGER), keep_runner)]
+        for target, keep in filters:
+            target.addFilter(keep)
+        try:
+            yield
+        finally:
+            for target, keep in filters:
+                target.removeFilter(keep)
+
+    def _target(self, prefix, leaf, modules, member_of, packed, targets, linear_base):
+        """``(vLLM layer name, _Target)`` for the checkpoint tensor ``prefix.leaf``, or ``(None, None)``."""
+        parent, _, short = prefix.rpartition(".")
+        fused = member_of.get(short)
+        layer_name = f"{parent}.{fused}" if fused and parent else prefix
+        if layer_name in targets:
+            return layer_name, targets[layer_name]
+        module = modules.get(layer_name)
+        if module is None:
+            return None, None
+        members = tuple(f"{parent}.{m}" for m in packed[fused]) if fused and parent else (prefix,)
+        kind = _kind(module, leaf, linear_base)
+        if kind is None:
+            return None, None
+        leaves = _NVFP4_SUFFIXES if kind == "nvfp4" else ("weight",)
+        target = _Target(module, kind, members, {f"{m}.{x}" for m in members for x in leaves})
+        if f"{prefix}.{leaf}" not in target.needed:
+            return None, None
+        targets[layer_name] = target
+        return layer_name, target
+
+    def _write(self, target: _Target) -> bool:
+        """Write ``target``'s layer from its tensors; ``False`` (nothing written) when they do not fit its shapes."""
+        module, got = target.module, target.got
+        if target.kind in ("norm", "vocab"):
+            (tensor,) = got.values()
+            if tuple(tensor.shape) != tuple(module.weight.shape):
+                return False
+            module.weight.data.copy_(tensor)
+            if target.kind == "vocab":
+                module.quant_method.process_weights_after_loading(module)
+            return True
+        leaves = _NVFP4_SUFFIXES if target.kind == "nvfp4" else ("weight",)
+        # fresh tensors: the processed layer must not share storage with the learner
+        parts = {x: torch.cat([got[f"{m}.{x}"] for m in target.members]) if len(target.members) > 1
+                 else got[f"{target.members[0]}.{x}"].clone() for x in leaves}
+        if not _fits(module, parts[leaves[0]]):
+            return False
+        for x, tensor in parts.items():
+            # the scheme's own processing renames weight_packed to the processed `weight`
+            setattr(module, x, nn.Parameter(tensor, requires_grad=False))
+        if hasattr(module, "_already_called_process_weights_after_loading"):
+            delattr(module, "_already_called_process_weights_after_loading")
+        module.quant_method.process_weights_after_loading(module)
+        return True
+
+
+def _kind(module: nn.Module, leaf: str, linear_base) -> str | None:
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (UnquantizedEmbeddingMethod,
+                                                                     VocabParallelEmbedding)
+
+    from .cpu_kernel import FastCpuNvFp4LinearKernel
+
+    method = getattr(module, "quant_method", None)
+    if isinstance(module, linear_base) and getattr(module, "bias", None) is None:
+        if isinstance(method, UnquantizedLinearMethod) and leaf == "weight":
+            return "dense"
+        scheme = getattr(module, "scheme", None)
+        if (type(scheme).__name__ == "CompressedTensorsW4A4Fp4" and not getattr(scheme, "use_a16", True)
+                and isinstance(getattr(scheme, "kernel", None), FastCpuNvFp4LinearKernel) and leaf in _NVFP4_SUFFIXES):
+            return "nvfp4"
+        return None
+    if type(module) is RMSNorm and leaf == "weight" and getattr(module, "has_weight", True):
+        return "norm"
+    if (isinstance(module, VocabParallelEmbedding) and isinstance(method, UnquantizedEmbeddingMethod)
+            and leaf == "weight" and module.weight.shape[0] == module.org_vocab_size):
+        return "vocab"
+    return None
+
+
+def _fits(module: nn.Module, weight: torch.Tensor) -> bool:
+    """Whether a linear's concatenated members (``weight`` [out, in], or packed NVFP4 [out, in/2]) have the shape
+    of the engine's layer (one tensor-parallel partition, the only one)."""
+    rows = sum(getattr(module, "output_partition_sizes", None) or [module.output_size_per_partition])
+    cols = module.input_size_per_partition // (2 if weight.dtype == torch.uint8 else 1)
+    return tuple(weight.shape) == (rows, cols)
