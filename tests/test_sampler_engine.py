@@ -347,6 +347,47 @@ def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monk
 
 
 @pytest.mark.slow
+def test_direct_write_passes_what_it_does_not_know_to_one_reload(triage_samplers, monkeypatch, caplog):
+    """Layers the direct write does not handle go, whole, through one ``reload_weights`` call in the same sync
+    (here: the norms, by pretending it does not know them); vLLM's warnings about the layers written directly are
+    dropped (its "RotaryEmbedding: Failed to load weights", logged at every reload, full ones too, stays), and the
+    sampler equals a full reload's."""
+    import triage_trl.sampler.direct_write as dw
+
+    s = triage_samplers("nvfp4")
+    ids = s.tokenizer(PROBE)["input_ids"]
+    runner = model_runner(s.gen)
+    names = []
+    original = runner.reload_weights
+
+    def recording(weights_iterator=None, **kw):
+        weights = list(weights_iterator)
+        names.append([n for n, _ in weights])
+        return original(weights_iterator=iter(weights), **kw)
+
+    monkeypatch.setattr(runner, "reload_weights", recording)
+    known = dw._kind
+    monkeypatch.setattr(dw, "_kind", lambda module, leaf, base: None if "Norm" in type(module).__name__
+                        else known(module, leaf, base))
+    deltas = perturb(s.model, seed=12, chosen=lambda n: n.endswith("weight"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm"):
+            s.gen.sync_weights()
+        passed = s.gen.direct_write.passed_on
+        assert names == [passed] and passed and all("norm" in n for n in passed)
+        written = ("ParallelLinear", "RowParallel", "VocabParallel", "ParallelLMHead", "not loaded")
+        assert not [r for r in caplog.records if any(w in r.getMessage() for w in written)]
+        hybrid = s.gen.score_logps([ids])[0]
+        monkeypatch.setattr(s.gen, "direct_write_ok", (False, "the reference"))
+        s.gen.sync_weights()
+        assert s.gen.score_logps([ids])[0] == hybrid
+    finally:
+        monkeypatch.undo()
+        restore(s.model, deltas)
+        s.gen.sync_weights()
+
+
+@pytest.mark.slow
 def test_nvfp4_reload_refreshes_fast_kernel_cache(triage_samplers):
     """vLLM 0.31's layerwise reload re-runs process_weights_after_loading on the same modules: the fast kernel's
     dequantised weights follow the new packed weights, and its output equals the emulation kernel's on them."""

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from triage_trl.sampler.direct_write import DirectWrite
 from triage_trl.sampler.frozen_vocab import FrozenVocabSkip
 from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
 
@@ -49,6 +50,8 @@ def sleeping_sampler():
         sampler_precision="bf16",
         input_global_scales=None, recalibrate_every_sync=False, num_syncs=0, temperature=1.0, on_sync=None,
         frozen_vocab=FrozenVocabSkip(), _dist=SimpleNamespace(is_fsdp=False, is_zero3=False),
+        direct_write=DirectWrite(), direct_write_ok=(False, "sleep mode discards and restores the weights"),
+        _engine_loaded=True,
     )
     sampler._iter_sampler_weights = lambda *args: iter([("w", None)])
     return sampler, llm
