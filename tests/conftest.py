@@ -207,17 +207,20 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
 
     cache = {}
 
-    def get(precision, tied=False):
-        if (precision, tied) not in cache:
+    def get(precision, tied=False, architecture="Qwen3"):
+        if (precision, tied, architecture) not in cache:
             from accelerate import Accelerator
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             from triage_trl.runtime import engine_dtype
             from triage_trl.sampler.vllm_generation import TriageVLLMGeneration
-            from triage_trl.testing import save_tiny_qwen3
+            from triage_trl.testing import save_tiny_model, save_tiny_qwen3
 
-            root = tmp_path_factory.mktemp(f"sampler-{precision}{'-tied' if tied else ''}")
-            src = save_tiny_qwen3(root / "src", tie_word_embeddings=tied)
+            root = tmp_path_factory.mktemp(f"sampler-{architecture}-{precision}{'-tied' if tied else ''}")
+            src = (save_tiny_qwen3(root / "src", tie_word_embeddings=tied) if architecture == "Qwen3" else
+                   save_tiny_model(root / "src", architecture, hidden_size=128, intermediate_size=256,
+                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                   tie_word_embeddings=tied))
             model = AutoModelForCausalLM.from_pretrained(src, dtype=engine_dtype())
             tokenizer = AutoTokenizer.from_pretrained(src)
             with torch.no_grad():
@@ -230,9 +233,9 @@ def triage_samplers(tmp_path_factory, in_process_vllm):
                 checkpoint_dir=str(root / "ckpt"),
                 max_model_length=256, max_num_seqs=8, max_completion_length=8, temperature=temperature,
             )
-            cache[precision, tied] = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer,
-                                                     temperature=temperature)
-        return cache[precision, tied]
+            cache[precision, tied, architecture] = SimpleNamespace(gen=gen, model=model, tokenizer=tokenizer,
+                                                                   temperature=temperature)
+        return cache[precision, tied, architecture]
 
     try:
         yield get

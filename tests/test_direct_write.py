@@ -11,12 +11,12 @@ import pytest
     ({"tensor_parallel_size": 2}, "tensor parallelism"),
     ({"sharded_learner": True}, "FSDP2 and ZeRO-3"),
     ({"sleep_mode": True}, "sleep mode"),
-    ({"model_type": "qwen2"}, "model type 'qwen2'"),
+    ({"model_class": "TransformersForCausalLM"}, "model class 'TransformersForCausalLM'"),
 ])
 def test_direct_write_runs_only_where_it_was_checked_against_the_reload(change, reason):
     from triage_trl.sampler.direct_write import direct_write_supported
 
-    settings = dict(model_type="llama", on_cpu=True, enforce_eager=True, tensor_parallel_size=1,
+    settings = dict(model_class="LlamaForCausalLM", on_cpu=True, enforce_eager=True, tensor_parallel_size=1,
                     sharded_learner=False, sleep_mode=False)
     ok, why = direct_write_supported(**{**settings, **change})
     assert ok == (not change) and (reason in why if change else why == "")

@@ -306,12 +306,14 @@ def engine_state(gen) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,tied", [("bf16", False), ("nvfp4", False), ("nvfp4", True)])
-def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monkeypatch, precision, tied):
+@pytest.mark.parametrize("precision,tied,architecture", [("bf16", False, "Qwen3"), ("nvfp4", False, "Qwen3"),
+                                                       ("nvfp4", True, "Qwen3"), ("nvfp4", True, "Llama")])
+def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monkeypatch, precision, tied,
+                                                           architecture):
     """After the first load a sync writes the engine's layers directly (``sampler.direct_write``), without vLLM's
     layerwise reload: every parameter and buffer, the NVFP4 kernel's dequantised weights and the log-probs of the
     probe equal, bit for bit, what ``reload_weights`` makes of the same learner weights; no reload call runs."""
-    s = triage_samplers(precision, tied=tied)
+    s = triage_samplers(precision, tied=tied, architecture=architecture)
     assert s.gen.direct_write_ok == (True, "") and s.gen.kernel_report["weight_sync"].startswith("direct write")
     ids = s.tokenizer(PROBE)["input_ids"]
     runner = model_runner(s.gen)
@@ -324,6 +326,7 @@ def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monk
         s.gen.sync_weights()
         assert calls == [] and s.gen.direct_write.passed_on == []
         followed = probe_gap(s, ids)  # the sampler follows the learner's move (not two stale engines alike)
+        assert s.gen.direct_write.missed == []
         written = s.gen.direct_write.written
         assert any(n.endswith("qkv_proj") for n in written) and any(n.endswith("gate_up_proj") for n in written)
         assert any(n.endswith("layernorm") for n in written) and "model.embed_tokens" in written
@@ -385,6 +388,23 @@ def test_direct_write_passes_what_it_does_not_know_to_one_reload(triage_samplers
         monkeypatch.undo()
         restore(s.model, deltas)
         s.gen.sync_weights()
+
+
+@pytest.mark.slow
+def test_direct_write_names_a_layer_the_export_missed(triage_samplers, monkeypatch, caplog):
+    """A layer the export has no tensor for keeps its previous values, as under the reload, and the sync says so
+    (a warning naming it), instead of passing silently because no reload ran to warn."""
+    s = triage_samplers("bf16")
+    gone = "model.layers.1.self_attn.o_proj.weight"
+    export = s.gen._iter_sampler_weights
+    monkeypatch.setattr(s.gen, "_iter_sampler_weights", lambda *a: ((n, t) for n, t in export(*a) if n != gone))
+    with caplog.at_level(logging.WARNING, logger="triage_trl"):
+        s.gen.sync_weights()
+    assert s.gen.direct_write.missed == ["model.layers.1.self_attn.o_proj"]
+    assert [r for r in caplog.records if "model.layers.1.self_attn.o_proj" in r.getMessage()]
+    monkeypatch.undo()
+    s.gen.sync_weights()
+    assert s.gen.direct_write.missed == []
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ function the reload would have called:
   after the sync, ``cpu_reload.refresh_cpu_lm_heads``).
 
 Anything else (biases, MoE experts, padded vocabularies, names the model maps differently) is returned to the caller
-and goes through ``reload_weights`` in the same sync. Used for the model types in :data:`DIRECT_WRITE_MODEL_TYPES`,
+and goes through ``reload_weights`` in the same sync. Used for the vLLM model classes in :data:`DIRECT_WRITE_MODEL_CLASSES`,
 each checked against the reload bit for bit (``tests/test_sampler_engine.py``), after the engine's first load
 (a reload), on one process or DDP ranks (the learner whole), never with FSDP2, ZeRO-3, sleep mode, tensor
 parallelism or a compiled engine (``enforce_eager=False``): those reload as before (:func:`direct_write_supported`).
@@ -34,17 +34,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-__all__ = ["DIRECT_WRITE_MODEL_TYPES", "DirectWrite", "direct_write_supported"]
+__all__ = ["DIRECT_WRITE_MODEL_CLASSES", "DirectWrite", "direct_write_supported"]
 
-DIRECT_WRITE_MODEL_TYPES = frozenset({"llama", "qwen3"})
-"""Hugging Face ``model_type`` values whose direct sync the tests compare with vLLM's reload (engine state and
-log-probs bit for bit): Llama (SmolLM2, the demo's and the lab's model) and Qwen3 (the tests' samplers)."""
+logger = logging.getLogger(__name__)
+
+DIRECT_WRITE_MODEL_CLASSES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})
+"""vLLM model classes whose direct sync the tests compare with vLLM's reload (engine state and log-probs bit for bit,
+``tests/test_sampler_engine.py``): Llama (SmolLM2, the demo's and the lab's model) and Qwen3 (the tests' samplers).
+vLLM's Transformers backend (``model_impl="transformers"``) is another class and reloads."""
 
 _LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 _NOT_LOADED = "%s: Failed to load weights"
@@ -53,7 +57,7 @@ _NOT_FROM_CHECKPOINT = "Following weights were not loaded from checkpoint: %s"
 _NVFP4_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
 
 
-def direct_write_supported(*, model_type: str | None, on_cpu: bool, enforce_eager: bool, tensor_parallel_size: int,
+def direct_write_supported(*, model_class: str | None, on_cpu: bool, enforce_eager: bool, tensor_parallel_size: int,
                            sharded_learner: bool, sleep_mode: bool) -> tuple[bool, str]:
     """Whether a sync may write into the engine's layers directly, and why not.
 
@@ -66,7 +70,8 @@ def direct_write_supported(*, model_type: str | None, on_cpu: bool, enforce_eage
         (tensor_parallel_size != 1, "tensor parallelism shards the layers"),
         (sharded_learner, "FSDP2 and ZeRO-3 gather the learner one unit at a time through the reload"),
         (sleep_mode, "sleep mode discards and restores the weights"),
-        (model_type not in DIRECT_WRITE_MODEL_TYPES, f"model type {model_type!r} is not checked against the reload"),
+        (model_class not in DIRECT_WRITE_MODEL_CLASSES,
+         f"vLLM model class {model_class!r} is not checked against the reload"),
     ):
         if failed:
             return False, reason
@@ -90,20 +95,31 @@ class DirectWrite:
     Attributes:
         written: vLLM layer names written by the last sync.
         passed_on: checkpoint names the last sync returned for ``reload_weights``.
+        missed: vLLM linear, norm and vocabulary layers that the last sync neither wrote, passed on nor left out on
+            purpose (``skipped``): the export had no tensor for them, so they keep their previous values (logged as a
+            warning, as vLLM's reload does).
     """
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the last sync (call at the start of every sync, whichever path it takes)."""
         self.written: list[str] = []
         self.passed_on: list[str] = []
-        self._written_classes: set[str] = set()
+        self.missed: list[str] = []
+        self._written_counts: Counter[str] = Counter()  # layer class -> layers of it written directly
 
-    def write(self, model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    def write(self, model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+              skipped: Sequence[str] = ()) -> list[tuple[str, torch.Tensor]]:
         """Write every layer of ``model`` (a loaded vLLM model, inside ``llm.apply_model``) that ``weights`` completes
         and this class knows; return the other ``(name, tensor)`` pairs, in order, for ``reload_weights``.
 
         ``weights`` are checkpoint-format pairs in the engine's dtype (``vllm_engine.sampler_tensors``), one export
-        unit at a time: a layer is written as soon as its last tensor arrives, so at most one unit is held. A layer
-        still incomplete when ``weights`` ends is passed on whole.
+        unit at a time: a layer is written as soon as its last tensor arrives, so the written layers hold at most one
+        unit (tensors passed on are held until the end). A layer still incomplete when ``weights`` ends is passed on
+        whole. ``skipped``: checkpoint names left out on purpose (``frozen_vocab.FrozenVocabSkip.skipped``, read
+        once ``weights`` is consumed); any other known layer that received nothing is in :attr:`missed`.
         """
         from vllm.model_executor.layers.linear import LinearBase
 
@@ -112,7 +128,7 @@ class DirectWrite:
         member_of = {m: fused for fused, members in packed.items() for m in members}
         targets: dict[str, _Target] = {}
         rest: list[tuple[str, torch.Tensor]] = []
-        self.written, self.passed_on, self._written_classes = [], [], set()
+        self.reset()
         for name, tensor in weights:
             prefix, _, leaf = name.rpartition(".")
             layer_name, target = self._target(prefix, leaf, modules, member_of, packed, targets, LinearBase)
@@ -126,25 +142,34 @@ class DirectWrite:
                 del targets[layer_name]
                 if self._write(target):
                     self.written.append(layer_name)
-                    self._written_classes.add(type(target.module).__name__)
+                    self._written_counts[type(target.module).__name__] += 1
                 else:
                     rest.extend(target.got.items())
                     self.passed_on.extend(target.got)
         for target in targets.values():
             rest.extend(target.got.items())
             self.passed_on.extend(target.got)
+        self.missed = _missed_layers(modules, self.written, [*self.passed_on, *skipped], member_of, LinearBase)
+        if self.missed:
+            logger.warning("This sync had no weights for %d engine layer(s), which keep their previous values: %s. "
+                           "The learner's export does not cover them; the sync probe judges whether the sampler "
+                           "still follows the learner.", len(self.missed), ", ".join(self.missed[:8]))
         return rest
 
     @contextlib.contextmanager
     def quiet_reload(self) -> Iterator[None]:
         """Around a reload of what :meth:`write` passed on: drop vLLM's warnings about the layers written directly
-        (the layerwise reload's "Failed to load weights" for their classes, the model runner's list of weights not
-        loaded, less theirs); every other record passes."""
+        (the layerwise reload's "Failed to load weights", one record per layer written of that class, which names
+        only the class; the model runner's list of weights not loaded, less theirs); every other record passes.
+        The layers nobody wrote are :attr:`missed`, warned about by :meth:`write`."""
         written = tuple(f"{name}." for name in self.written)
-        classes = set(self._written_classes)
+        left = Counter(self._written_counts)  # one record dropped per layer written directly, no more
 
         def keep_layerwise(record: logging.LogRecord) -> bool:
-            return not (record.msg == _NOT_LOADED and record.args and record.args[0] in classes)
+            if record.msg != _NOT_LOADED or not record.args or left[record.args[0]] <= 0:
+                return True
+            left[record.args[0]] -= 1
+            return False
 
         def keep_runner(record: logging.LogRecord) -> bool:
             if record.msg != _NOT_FROM_CHECKPOINT or not record.args or not written:
@@ -165,7 +190,7 @@ class DirectWrite:
         """``(vLLM layer name, _Target)`` for the checkpoint tensor ``prefix.leaf``, or ``(None, None)``."""
         parent, _, short = prefix.rpartition(".")
         fused = member_of.get(short)
-        layer_name = f"{parent}.{fused}" if fused and parent else prefix
+        layer_name = _layer_name(prefix, member_of)
         if layer_name in targets:
             return layer_name, targets[layer_name]
         module = modules.get(layer_name)
@@ -208,6 +233,33 @@ class DirectWrite:
         return True
 
 
+def _layer_name(prefix: str, member_of: dict[str, str]) -> str:
+    """The vLLM layer of a checkpoint module name: a fused member's fused layer (``q_proj`` -> ``qkv_proj``)."""
+    parent, _, short = prefix.rpartition(".")
+    fused = member_of.get(short)
+    return f"{parent}.{fused}" if fused and parent else prefix
+
+
+def _missed_layers(modules: dict[str, nn.Module], written: list[str], other: list[str], member_of: dict[str, str],
+                   linear_base) -> list[str]:
+    """Linear, norm and vocabulary layers of ``modules`` that hold parameters of their own and were neither written
+    nor named (as a layer or a fused member) by a checkpoint name in ``other``; a layer whose parameters all belong
+    to a covered layer (a tied ``lm_head``) is covered."""
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    covered_names = set(written) | {_layer_name(n.rpartition(".")[0], member_of) for n in other}
+    covered = {id(p) for n in covered_names if n in modules for p in modules[n].parameters(recurse=False)}
+    missed = []
+    for name, module in modules.items():
+        if name in covered_names or not isinstance(module, (linear_base, RMSNorm, VocabParallelEmbedding)):
+            continue
+        own = list(module.parameters(recurse=False))
+        if own and not all(id(p) in covered for p in own):
+            missed.append(name)
+    return missed
+
+
 def _kind(module: nn.Module, leaf: str, linear_base) -> str | None:
     from vllm.model_executor.layers.layernorm import RMSNorm
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
@@ -228,7 +280,8 @@ def _kind(module: nn.Module, leaf: str, linear_base) -> str | None:
     if type(module) is RMSNorm and leaf == "weight" and getattr(module, "has_weight", True):
         return "norm"
     if (isinstance(module, VocabParallelEmbedding) and isinstance(method, UnquantizedEmbeddingMethod)
-            and leaf == "weight" and module.weight.shape[0] == module.org_vocab_size):
+            and leaf == "weight" and getattr(module, "bias", None) is None
+            and module.weight.shape[0] == module.org_vocab_size):
         return "vocab"
     return None
 

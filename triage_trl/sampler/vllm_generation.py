@@ -227,7 +227,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         from vllm.platforms import current_platform
 
         return direct_write_supported(
-            model_type=getattr(_hf_config(self.model), "model_type", None), on_cpu=current_platform.is_cpu(),
+            model_class=self.llm.apply_model(lambda model: type(model).__name__)[0], on_cpu=current_platform.is_cpu(),
             enforce_eager=bool(self.llm.llm_engine.vllm_config.model_config.enforce_eager),
             tensor_parallel_size=self.tensor_parallel_size, sharded_learner=self._dist.is_fsdp or self._dist.is_zero3,
             sleep_mode=self.enable_sleep_mode)
@@ -306,10 +306,10 @@ class TriageVLLMGeneration(VLLMGeneration):
         skip.plan(self.model, enabled=not (self._dist.is_fsdp or self._dist.is_zero3 or self.enable_sleep_mode))
         weights = self._iter_sampler_weights(copy_after, kept, skip)
         writer = self.direct_write
-        writer.written, writer.passed_on = [], []
+        writer.reset()
         direct = self._engine_loaded and self.direct_write_ok[0]
         if direct:  # the rest (often nothing) goes through the reload below
-            weights = iter(self.llm.apply_model(lambda model: writer.write(model, weights))[0])
+            weights = iter(self.llm.apply_model(lambda model: writer.write(model, weights, skip.skipped))[0])
         if not direct or writer.passed_on:
             with skip.quiet_reload(), writer.quiet_reload():
                 self.llm.collective_rpc("reload_weights",
