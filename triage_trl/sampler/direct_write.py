@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .reload_warnings import NOT_FROM_CHECKPOINT, NOT_LOADED, filtered_reload_warnings
+
 __all__ = ["DIRECT_WRITE_MODEL_CLASSES", "DirectWrite", "direct_write_supported"]
 
 logger = logging.getLogger(__name__)
@@ -50,10 +52,6 @@ DIRECT_WRITE_MODEL_CLASSES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})
 ``tests/test_sampler_engine.py``): Llama (SmolLM2, the demo's and the lab's model) and Qwen3 (the tests' samplers).
 vLLM's Transformers backend (``model_impl="transformers"``) is another class and reloads."""
 
-_LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-_NOT_LOADED = "%s: Failed to load weights"
-_RUNNER_LOGGER = "vllm.v1.worker.gpu_model_runner"
-_NOT_FROM_CHECKPOINT = "Following weights were not loaded from checkpoint: %s"
 _NVFP4_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
 
 
@@ -166,25 +164,19 @@ class DirectWrite:
         left = Counter(self._written_counts)  # one record dropped per layer written directly, no more
 
         def keep_layerwise(record: logging.LogRecord) -> bool:
-            if record.msg != _NOT_LOADED or not record.args or left[record.args[0]] <= 0:
+            if record.msg != NOT_LOADED or not record.args or left[record.args[0]] <= 0:
                 return True
             left[record.args[0]] -= 1
             return False
 
         def keep_runner(record: logging.LogRecord) -> bool:
-            if record.msg != _NOT_FROM_CHECKPOINT or not record.args or not written:
+            if record.msg != NOT_FROM_CHECKPOINT or not record.args or not written:
                 return True
             record.args = ({n for n in record.args[0] if not n.startswith(written)},)
             return bool(record.args[0])
 
-        filters = [(logging.getLogger(_LAYERWISE_LOGGER), keep_layerwise), (logging.getLogger(_RUNNER_LOGGER), keep_runner)]
-        for target, keep in filters:
-            target.addFilter(keep)
-        try:
+        with filtered_reload_warnings(keep_layerwise, keep_runner):
             yield
-        finally:
-            for target, keep in filters:
-                target.removeFilter(keep)
 
     def _target(self, prefix, leaf, modules, member_of, packed, targets, linear_base):
         """``(vLLM layer name, _Target)`` for the checkpoint tensor ``prefix.leaf``, or ``(None, None)``."""

@@ -37,13 +37,11 @@ from torch import nn
 
 from ..models.blocks import hf_model
 
+from .reload_warnings import NOT_FROM_CHECKPOINT, NOT_LOADED, filtered_reload_warnings
+
 __all__ = ["FrozenVocabSkip"]
 
-_LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-_NOT_LOADED = "%s: Failed to load weights"
 _VOCAB_LAYERS = ("VocabParallelEmbedding", "ParallelLMHead")
-_RUNNER_LOGGER = "vllm.v1.worker.gpu_model_runner"
-_NOT_FROM_CHECKPOINT = "Following weights were not loaded from checkpoint: %s"
 
 
 @dataclass
@@ -120,23 +118,17 @@ class FrozenVocabSkip:
         skipped = self.skipped  # filled while the reload consumes the export
 
         def keep_layerwise(record: logging.LogRecord) -> bool:
-            return not (skipped and record.msg == _NOT_LOADED and record.args and record.args[0] in _VOCAB_LAYERS)
+            return not (skipped and record.msg == NOT_LOADED and record.args and record.args[0] in _VOCAB_LAYERS)
 
         def keep_runner(record: logging.LogRecord) -> bool:
-            if not skipped or record.msg != _NOT_FROM_CHECKPOINT or not record.args:
+            if not skipped or record.msg != NOT_FROM_CHECKPOINT or not record.args:
                 return True
             rest = set(record.args[0]) - set(skipped)
             record.args = (rest,)
             return bool(rest)
 
-        filters = [(logging.getLogger(_LAYERWISE_LOGGER), keep_layerwise), (logging.getLogger(_RUNNER_LOGGER), keep_runner)]
-        for target, keep in filters:
-            target.addFilter(keep)
-        try:
+        with filtered_reload_warnings(keep_layerwise, keep_runner):
             yield
-        finally:
-            for target, keep in filters:
-                target.removeFilter(keep)
 
     def commit(self) -> None:
         """Record what the engine now holds: the matrices this sync sent from their own storage (call once the sync
