@@ -150,4 +150,3 @@ def test_quiet_reload_drops_only_the_warnings_about_what_was_left_out():
     assert seen == ["RMSNorm: Failed to load weights",
                     "Following weights were not loaded from checkpoint: {'norm.weight'}",
                     "VocabParallelEmbedding: Failed to load weights"]
-

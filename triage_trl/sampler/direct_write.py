@@ -180,15 +180,14 @@ class DirectWrite:
 
     def _target(self, prefix, leaf, modules, member_of, packed, targets, linear_base):
         """``(vLLM layer name, _Target)`` for the checkpoint tensor ``prefix.leaf``, or ``(None, None)``."""
-        parent, _, short = prefix.rpartition(".")
-        fused = member_of.get(short)
         layer_name = _layer_name(prefix, member_of)
         if layer_name in targets:
             return layer_name, targets[layer_name]
         module = modules.get(layer_name)
         if module is None:
             return None, None
-        members = tuple(f"{parent}.{m}" for m in packed[fused]) if fused and parent else (prefix,)
+        parent, _, short = prefix.rpartition(".")
+        members = (prefix,) if layer_name == prefix else tuple(f"{parent}.{m}" for m in packed[member_of[short]])
         kind = _kind(module, leaf, linear_base)
         if kind is None:
             return None, None
@@ -255,6 +254,7 @@ def _missed_layers(modules: dict[str, nn.Module], written: list[str], other: lis
 def _kind(module: nn.Module, leaf: str, linear_base) -> str | None:
     from vllm.model_executor.layers.layernorm import RMSNorm
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsW4A4Fp4
     from vllm.model_executor.layers.vocab_parallel_embedding import (UnquantizedEmbeddingMethod,
                                                                      VocabParallelEmbedding)
 
@@ -265,7 +265,7 @@ def _kind(module: nn.Module, leaf: str, linear_base) -> str | None:
         if isinstance(method, UnquantizedLinearMethod) and leaf == "weight":
             return "dense"
         scheme = getattr(module, "scheme", None)
-        if (type(scheme).__name__ == "CompressedTensorsW4A4Fp4" and not getattr(scheme, "use_a16", True)
+        if (isinstance(scheme, CompressedTensorsW4A4Fp4) and not getattr(scheme, "use_a16", True)
                 and isinstance(getattr(scheme, "kernel", None), FastCpuNvFp4LinearKernel) and leaf in _NVFP4_SUFFIXES):
             return "nvfp4"
         return None

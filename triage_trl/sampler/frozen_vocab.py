@@ -36,7 +36,6 @@ import torch
 from torch import nn
 
 from ..models.blocks import hf_model
-
 from .reload_warnings import NOT_FROM_CHECKPOINT, NOT_LOADED, filtered_reload_warnings
 
 __all__ = ["FrozenVocabSkip"]
