@@ -7,12 +7,16 @@ then the trainer runs the probe) and times, inside the same run, every sync (``_
 if due, block-wise NVFP4 export, one ``reload_weights``) and every probe. The first step is a warm-up (it also
 calibrates); the figures are medians over the later steps:
 
-* ``sync_share=`` (sync + probe) / step time, from TRL's ``step_time`` (goal: <= 0.05);
+* ``sync_share=`` (sync + probe / ``sync_probe_every``) / step time, from TRL's ``step_time`` (goal: <= 0.05): the
+  probe runs after the first sync and every ``sync_probe_every``-th (the demo's setting unless ``--sync-probe-every``);
+  ``sync_share_probe_every_sync=`` the same with a probe after every sync;
 * ``sync_peak_share=`` the largest number of bytes the export had created and vLLM still held at one time (tensors
   with storage of their own: NVFP4 codes and scales, casts), over the learner's parameter bytes (goal: about one
   decoder layer, ``layer_share=``).
 
-Usage: ``python benchmarks/bench_sync.py [--steps 3] [--model tiny-qwen3] [--lora-rank 16] [--nvfp4-recipe all]``
+Usage: ``python benchmarks/bench_sync.py [--steps 3] [--model tiny-qwen3] [--lora-rank 16] [--nvfp4-recipe all]
+[--sync-probe-every 1]`` (``--steps``: at least 2, and enough for two probes after the warm-up with the demo's
+schedule: its default, ``1 + 2 * sync_probe_every``).
 """
 
 from __future__ import annotations
@@ -77,29 +81,37 @@ def timed(owner, name: str, seconds: list[float], *, echo: bool = True, nesting:
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None, help="default: 1 + 2 x the probe schedule")
     parser.add_argument("--model", default=None, help="`tiny-qwen3`, a local folder, or unset: SmolLM2-135M-Instruct")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=32)
     parser.add_argument("--lora-rank", type=int, default=16, help="the demo's LoRA rank; 0: full fine-tuning")
     parser.add_argument("--nvfp4-recipe", default=None, help="default: the demo's (`paper`)")
+    parser.add_argument("--sync-probe-every", type=int, default=None, help="default: the demo's")
     args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first step is a warm-up).")
+
+    from triage_trl.runs import DEMO_DEFAULTS
+
+    every = args.sync_probe_every or DEMO_DEFAULTS["sync_probe_every"]
+    steps = args.steps if args.steps is not None else 1 + 2 * every
+    if steps < 2 or (every > 1 and steps < 2 + every):
+        parser.error(f"--steps must be >= 2 (the first step is a warm-up), and >= {2 + every} for a probe after the "
+                     f"warm-up with --sync-probe-every {every}.")
 
     from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
-    from triage_trl.runs import DEMO_DEFAULTS, build_config, demo_rewards, lora_config, resolve_model
+    from triage_trl.runs import build_config, demo_rewards, lora_config, resolve_model
     from triage_trl.runtime import vllm_process_settings
     from triage_trl.trainer import TriageGRPOTrainer
 
-    size = 8 * args.prompts * args.steps
+    size = 8 * args.prompts * steps
     with tempfile.TemporaryDirectory() as out, vllm_process_settings(cpu_kv_cache_gib=1):
         config = build_config(
-            out, max_steps=args.steps, prompts_per_step=args.prompts, num_generations=args.generations,
+            out, max_steps=steps, prompts_per_step=args.prompts, num_generations=args.generations,
             max_completion_length=args.max_completion_length, temperature=DEMO_DEFAULTS["temperature"],
             learning_rate=DEMO_DEFAULTS["learning_rate"], beta=DEMO_DEFAULTS["beta"],
             nvfp4_recipe=args.nvfp4_recipe or DEMO_DEFAULTS["nvfp4_recipe"], generation_kwargs={"ignore_eos": True},
+            sync_probe_every=every,
         )
         trainer = TriageGRPOTrainer(model=resolve_model(args.model, out), reward_funcs=demo_rewards(), args=config,
                                     train_dataset=reasoning_gym_dataset(size=size, seed=TRAIN_SEED),
@@ -121,12 +133,15 @@ def main(argv: list[str] | None = None) -> float:
         param_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         layers = [m for name, m in trainer.model.named_modules() if name.endswith("layers.0")]
         layer_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
-    # One sync, one probe and one step time per step (the load at sampler start is not timed). Step 1 warms up.
+    # One sync and one step time per step, one probe per probed sync (the load at sampler start is not timed).
+    # Step 1 warms up, and its sync is the first probed one.
     sync, probe, step = (statistics.median(x[1:]) for x in (sync_s, probe_s, step_s))
-    print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f}")
+    print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f} probes={len(probe_s)} "
+          f"sync_probe_every={every}")
     print(f"param_bytes={param_bytes} sync_peak_extra_bytes={live.peak} layer_bytes={layer_bytes}")
     print(f"sync_peak_share={live.peak / param_bytes:.4f} layer_share={layer_bytes / param_bytes:.4f}")
-    share = (sync + probe) / step
+    share = (sync + probe / every) / step
+    print(f"sync_share_probe_every_sync={(sync + probe) / step:.4f}")
     print(f"sync_share={share:.4f}")
     return share
 

@@ -546,6 +546,42 @@ def test_sync_that_loads_nothing_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir
     assert trainer.sync_probe_gaps[0] < 1e-4 and trainer.sync_probe_gaps[-1] > 1e-3
 
 
+def test_probe_runs_after_the_first_sync_and_every_nth(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=5, learning_rate=1e-4,
+                       sync_probe_every=2)
+    trainer.train()
+    assert trainer.vllm_generation.syncs == 5
+    assert trainer.sync_probe_steps == [0, 2, 4] and len(trainer.sync_probe_gaps) == 3
+    probed = [h["step"] for h in trainer.state.log_history if "triage/sync_probe_gap" in h]
+    assert probed == [1, 3, 5]  # logged with the step the probed sync started
+    assert all(math.isfinite(h["triage/k3_kl"]) for h in trainer.state.log_history if "triage/gap_abs_mean" in h)
+
+
+def test_a_sync_that_loads_nothing_is_caught_at_the_next_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=6,
+                       learning_rate=5e-2, sync_probe_max_gap=1e-3, sync_probe_every=3)
+    sampler = trainer.vllm_generation
+    real_sync = sampler.sync_weights
+    calls = {"n": 0}
+
+    def reload_that_does_nothing():  # the first sync loads the weights; later ones only report success
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_sync()
+        sampler.on_sync()
+
+    sampler.sync_weights = reload_that_does_nothing
+    with pytest.raises(StaleSamplerError, match="stale"):
+        trainer.train()
+    assert trainer.state.global_step == 3 and trainer.sync_probe_steps == [0, 3]
+
+
+@pytest.mark.parametrize("every", [0, -1, True, 1.5, "2"])
+def test_sync_probe_every_out_of_range_is_refused(tmp_path, every):
+    with pytest.raises(ValueError, match="sync_probe_every=.* whole number >= 1"):
+        TriageGRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, sync_probe_every=every)
+
+
 def test_corrupt_sampler_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
     fake_sampler.logprob_offset = -0.5
     trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=1)

@@ -82,7 +82,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         output_dir,
         seed=seed,
         **{k: settings[k] for k in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length",
-                                    "temperature", "learning_rate", "nvfp4_recipe", "beta")},
+                                    "temperature", "learning_rate", "nvfp4_recipe", "beta", "sync_probe_every")},
     )
     trainer, train, held_out = build_recipe_trainer(model_path, config, {**settings, "task": "reasoning_gym"}, seed)
     evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"])

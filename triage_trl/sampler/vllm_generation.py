@@ -105,7 +105,7 @@ class TriageVLLMGeneration(VLLMGeneration):
             rank), or ``None`` before the first weight load.
         num_syncs: completed ``sync_weights`` calls.
         on_sync: ``Callable[[], None] | None``, called after every completed sync (the trainer installs its scale
-            push and sync probe here, so every sync TRL triggers is checked).
+            push and its sync probe here, so the syncs TRL triggers are checked on the trainer's schedule).
 
     Raises:
         ValueError: unknown ``sampler_precision``, ``mode != "colocate"``, no calibration prompts for NVFP4, sleep

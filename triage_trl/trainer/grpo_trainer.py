@@ -110,9 +110,12 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.triage_mode = args.triage_mode
         self.triage_metrics = TriageMetricsLog()
         self.triage_history: list[dict[str, float]] = []
-        self.sync_probe_gaps: list[float] = []  # per sync, mean over ranks (nats)
-        self.sync_probe_rank_gaps: list[list[float]] = []  # per sync, each rank's own gap (nats)
-        self.sync_probe_verdicts: list[str] = []  # per sync: "ok" or "drift" (errors raise)
+        # one entry per probe: after the first sync and every args.sync_probe_every-th
+        self.sync_probe_gaps: list[float] = []  # mean over ranks (nats)
+        self.sync_probe_rank_gaps: list[list[float]] = []  # each rank's own gap (nats)
+        self.sync_probe_verdicts: list[str] = []  # "ok" or "drift" (errors raise)
+        self.sync_probe_steps: list[int] = []  # the optimizer step of each probed sync
+        self._syncs_seen = 0
         self._probe_prev = None  # (learner, sampler) log-probs of the previous probe
         self._probe_bound = None  # (bound, what) once the engines are known
         self._drift_warned = 0.0
@@ -193,7 +196,7 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     def sync_sampler(self) -> None:
         """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4); the sampler then runs
-        the trainer's scale push and sync probe. Call it before using ``self.vllm_generation.llm`` directly (e.g. a
+        the trainer's scale push and, after the first sync and every ``args.sync_probe_every``-th, the sync probe. Call it before using ``self.vllm_generation.llm`` directly (e.g. a
         held-out evaluation between steps).
 
         Raises:
@@ -204,7 +207,10 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     def _after_sampler_sync(self) -> None:
         self._push_sampler_scales()
-        self._run_sync_probe()
+        # The count is the same on every rank, so all of them take part in the probe's collectives or none does.
+        if self._syncs_seen % self.args.sync_probe_every == 0:
+            self._run_sync_probe()
+        self._syncs_seen += 1
         self._synced_step = self.state.global_step
 
     def _push_sampler_scales(self) -> None:
@@ -253,6 +259,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         rank_moved, rank_untracked = per_rank(self.accelerator, moved), per_rank(self.accelerator, untracked)
         self.sync_probe_rank_gaps.append(rank_gaps)
         self.sync_probe_gaps.append(reduced["triage/sync_probe_gap"])
+        self.sync_probe_steps.append(self.state.global_step)
         worst = max(range(len(rank_gaps)), key=lambda r: rank_gaps[r])
         verdict = classify_probe(
             rank_gaps[worst], bound, step=self.state.global_step, what=what, first=first,

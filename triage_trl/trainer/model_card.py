@@ -72,7 +72,7 @@ def triage_card_section(
         nvfp4_settings: ``TriageGRPOConfig.nvfp4_settings()``.
         kernels: which kernels/paths ran, e.g. ``{"sampler": "...", "learner": "..."}`` (strings).
         log_history: ``trainer.state.log_history`` (see :func:`mismatch_summary`).
-        sync_probe_gaps: ``triage/sync_probe_gap`` values measured after each weight sync (nats).
+        sync_probe_gaps: ``triage/sync_probe_gap`` values, one per probed weight sync (nats).
     """
     lines = ["## TRIAGE", "", RECONSTRUCTION_NOTE, "", "### Settings", "", "| setting | value |", "|---|---|"]
     for name, value in {**triage_settings, **nvfp4_settings}.items():

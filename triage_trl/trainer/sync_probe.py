@@ -1,4 +1,5 @@
-"""The sync probe: after every weight sync, the sampler and the learner score one fixed sequence.
+"""The sync probe: after a weight sync (the first, then every ``sync_probe_every``-th), the sampler and the learner
+score one fixed sequence.
 
 A sampler left with old (or corrupt) weights must never train silently. The probe is
 independent of the training batch: a fixed text, tokenised once, scored by the sampler (vLLM's prompt
