@@ -368,7 +368,12 @@ def test_run_metrics():
     assert m == {"step0_acc": 0.25, "final_acc": 0.375, "best_acc": 0.5, "reward_auc": pytest.approx(0.5, abs=1e-12),
                  "k3_first": 0.1, "k3_mean": pytest.approx(0.1625), "k3_max": 0.3, "k3_final": 0.05, "spikes": 1,
                  "collapsed": False, "failed": False,
-                 "non_finite": False, "wall_min": 1.5, "steps": 4}
+                 "non_finite": False, "wall_min": 1.5, "steps": 4, "rollouts": 4}
+    # two policy updates per rollout: a reward on every other optimizer step
+    two = [dict(h) for h in history]
+    for h in two[1::2]:
+        del h["reward"]
+    assert {k: run_metrics(summary, two)[k] for k in ("steps", "rollouts")} == {"steps": 4, "rollouts": 2}
 
 
 def test_observations_numbers():

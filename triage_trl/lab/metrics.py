@@ -27,14 +27,16 @@ def rules_text() -> list[str]:
         f"- **grad-norm spike**: a step whose `grad_norm` is > {SPIKE_FACTOR:g} x the median `grad_norm` of the run's "
         f"previous steps, counted from the step with at least {SPIKE_MIN_HISTORY} previous steps; a non-finite "
         "grad norm is a spike.",
-        f"- **collapse**: the run failed (raised), or logged a non-finite {' / '.join(FINITE_KEYS)}, or its final "
+        "- **collapsed (acc. rule)**, the earlier rounds' rule: the run failed (raised), or logged a non-finite "
+        f"{' / '.join(FINITE_KEYS)}, or its final "
         f"held-out accuracy is <= {COLLAPSE_RATIO:g} x its step-0 accuracy (only when step-0 accuracy > 0).",
-        "- **reward AUC**: normalised area under the training-reward curve = the mean over the logged optimizer "
-        "steps of the step's mean reward (weighted sum: 1.0 x accuracy + 0.2 x answer-then-stop, so in [0, 1.2]).",
+        "- **reward AUC**: normalised area under the training-reward curve = the mean over the optimizer steps "
+        "that generated (every step, or every `num_iterations`-th) of the step's mean reward (weighted sum: 1.0 x accuracy + 0.2 x answer-then-stop, so in [0, 1.2]).",
         "- **held-out accuracy**: greedy, the run's own sampler synced to the learner; *final* at the last step, "
         "*best* over every evaluation including step 0; a failed run keeps its last evaluation.",
         "- **k3 KL**: `triage/k3_kl` = mean over tokens of e^gap - 1 - gap, gap = learner - sampler log-prob "
-        "(nats/token), per optimizer step; *max* over steps and *final* (last step).",
+        "(nats/token), at the optimizer steps that generated (with several updates per rollout a later update's "
+        "batch k3 also holds the learner's own move); *max* over those steps and *final* (the last).",
         "- mean ± std over seeds: sample standard deviation (n - 1); with one seed only the mean is shown.",
     ]
 
@@ -98,14 +100,17 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
     Returns:
         ``final_acc``, ``best_acc``, ``step0_acc`` (NaN when there is no evaluation), ``reward_auc``, ``k3_first``,
         ``k3_mean``, ``k3_max``, ``k3_final`` (nats/token over the optimizer steps; NaN when not logged), ``spikes``,
-        ``collapsed``, ``failed``, ``non_finite``, ``wall_min``, ``steps``.
+        ``collapsed``, ``failed``, ``non_finite``, ``wall_min``, ``steps`` (optimizer steps logged), ``rollouts``
+        (steps that generated, i.e. logged a reward: ``steps / num_iterations``).
     """
     held_out = summary.get("held_out") or []
     accuracies = [r["accuracy"] for r in held_out]
     _, rewards = step_series(history, "reward")
     _, k3 = step_series(history, "triage/k3_kl")
     k3_finite = [v for v in k3 if math.isfinite(v)]
-    _, grad_norms = step_series(history, "grad_norm")
+    # every optimizer step's grad norm; rewards and k3 only where a step generated (see run_collapse)
+    grad_norms = [float(h["grad_norm"]) for h in sorted((h for h in history if "grad_norm" in h and "step" in h),
+                                                         key=lambda h: h["step"])]
     status = summary.get("status", "missing")
     return {
         "step0_acc": accuracies[0] if accuracies else math.nan,
@@ -121,7 +126,8 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
         "failed": status != "ok",
         "non_finite": is_non_finite(history),
         "wall_min": summary.get("wall_seconds", math.nan) / 60.0,
-        "steps": len(rewards),
+        "steps": len(grad_norms) or len(rewards),
+        "rollouts": len(rewards),
     }
 
 

@@ -83,7 +83,7 @@ def _load_plan(lab_dir: str) -> dict:
 
 def _table(runs: dict[str, list[dict]], planned: list[str]) -> list[str]:
     header = ("| run | seeds | held-out acc. final (%) | held-out acc. best (%) | reward AUC | "
-              "k3 KL max (nats) | k3 KL final (nats) | grad-norm spikes | collapsed | failed | wall (min) |")
+              "k3 KL max (nats) | k3 KL final (nats) | grad-norm spikes | collapsed (acc. rule) | failed | wall (min) |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name in planned + [c for c in runs if c not in planned]:
         rows = runs.get(name, [])
@@ -141,7 +141,7 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
     lines = ["| run | seed | status | steps | held-out acc. step 0 -> final (%) | reward AUC | "
-             "k3 KL final | spikes | collapsed | wall (min) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "k3 KL final | spikes | collapsed (acc. rule) | wall (min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in runs.items():
         for r in rows:
             m, status = r["metrics"], r["summary"].get("status", "missing").replace("|", "/").replace("\n", " ")
