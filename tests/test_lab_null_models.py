@@ -168,6 +168,13 @@ def test_run_collapse_reports_the_optimizer_step(tmp_path):
     assert os.path.getsize(path) > 10_000
 
 
+def test_moving_mean_reads_full_windows_as_the_collapse_rule():
+    from triage_trl.lab.plots import moving_mean
+
+    assert moving_mean([1.0, 3.0, 5.0, 7.0], 2) == [2.0, 4.0, 6.0]
+    assert moving_mean([2.0, 4.0], 10) == []
+
+
 def test_a_batch_without_tail_tokens_is_left_out_of_the_pooled_test():
     """No tail token (in E1: a batch without learning signal, whose advantages are zeroed) leaves nothing to test:
     NaN, not a concentration of 0."""

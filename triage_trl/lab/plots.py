@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import math
 
-from .metrics import step_series
+from .metrics import COLLAPSE_REWARD_WINDOW, step_series
 
 OVERLAY_PANELS = (("reward", "Training reward (mean over completions)",
                    "reward (weighted sum of the run's reward functions)"),
-                  ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"))
+                  ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"),
+                  ("entropy", "Policy entropy (TRL's, sampled completions)", "nats / token"))
+LOG_PANELS = frozenset({"triage/k3_kl", "entropy"})
+SMOOTH_MIN_POINTS = 3 * COLLAPSE_REWARD_WINDOW
+"""A reward series with at least this many points is drawn as its ``COLLAPSE_REWARD_WINDOW``-point moving mean (the
+collapse rule's, from the first full window on), shorter ones as logged."""
+
+
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """Trailing moving mean over full windows, as the collapse rule reads it (``metrics.collapse_by_rule``): point
+    ``j`` is the mean of ``values[j : j + window]`` (``len(values) - window + 1`` points; none when shorter)."""
+    return [sum(values[j:j + window]) / window for j in range(len(values) - window + 1)]
 
 
 def seed_values_by_step(histories: list[list[dict]], key: str) -> dict[int, list[float]]:
@@ -43,10 +54,13 @@ def _pyplot():
     return plt
 
 
-def _draw(ax, histories, key, label, color):
+def _draw(ax, histories, key, label, color, smooth: int = 0):
     steps, mean, low, high = seed_band(histories, key)
     if not steps:
         return False
+    if smooth and len(steps) >= SMOOTH_MIN_POINTS:
+        steps = steps[smooth - 1:]
+        mean, low, high = (moving_mean(x, smooth) for x in (mean, low, high))
     ax.plot(steps, mean, color=color, label=label, marker="o" if len(steps) < 30 else None, markersize=3)
     if len(histories) > 1:
         ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
@@ -55,24 +69,30 @@ def _draw(ax, histories, key, label, color):
 
 def write_overlay(runs: dict[str, list[list[dict]]], path: str,
                   collapse_steps: dict[str, list[int]] | None = None) -> str:
-    """Reward and k3 KL (log scale) against the optimizer step for every configuration (one colour each); a
+    """Reward, k3 KL and policy entropy (both log scale) against the optimizer step for every configuration (one
+    colour each; a reward series of :data:`SMOOTH_MIN_POINTS` points or more as the collapse rule's moving mean); a
     ``collapse_steps[name]`` step (one per collapsed seed, :func:`triage_trl.lab.metrics.run_collapse`) is drawn as a
     dotted vertical line in the configuration's colour on both panels; returns ``path``."""
     plt = _pyplot()
     colors = plt.get_cmap("tab20").colors
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=100)
+    fig, axes = plt.subplots(1, len(OVERLAY_PANELS), figsize=(19, 4.8), dpi=100)
+    smoothed = False
     for ax, (key, title, ylabel) in zip(axes, OVERLAY_PANELS):
         for i, (name, histories) in enumerate(runs.items()):
             n = len(histories)
             color = colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
-            _draw(ax, histories, key, f"{name} (n={n})", color)
+            smooth = COLLAPSE_REWARD_WINDOW if key == "reward" else 0
+            _draw(ax, histories, key, f"{name} (n={n})", color, smooth)
+            smoothed |= bool(smooth) and len(seed_band(histories, key)[0]) >= SMOOTH_MIN_POINTS
             for step in (collapse_steps or {}).get(name, []):
                 ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
-        log = key == "triage/k3_kl"
+        log = key in LOG_PANELS
         if log and ax.lines:
             ax.set_yscale("log")
         marks = ", dotted: collapse (pre-registered rule)" if any((collapse_steps or {}).values()) else ""
-        ax.set_title(f"{title}{' (log scale)' if log else ''}\nmean over seeds, band: min-max{marks}", fontsize=10)
+        window = f", {COLLAPSE_REWARD_WINDOW}-step moving mean" if key == "reward" and smoothed else ""
+        ax.set_title(f"{title}{' (log scale)' if log else ''}{window}\nmean over seeds, band: min-max{marks}",
+                     fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -80,7 +100,7 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
     if not handles:
         handles, labels = axes[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
