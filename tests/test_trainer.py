@@ -527,20 +527,24 @@ def test_skipped_sync_is_caught_before_the_batch_trains(tmp_path, tiny_qwen3_dir
     assert trainer.state.global_step == 1 and len(trainer.sync_probe_gaps) == 1
 
 
-def test_sync_that_loads_nothing_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
-    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3,
-                       learning_rate=5e-2, sync_probe_max_gap=1e-3)
-    sampler = trainer.vllm_generation
+def _loads_only_at_the_first_sync(sampler) -> None:
+    """Make ``sampler``'s first sync load the weights and every later one only report success (run ``on_sync``)."""
     real_sync = sampler.sync_weights
     calls = {"n": 0}
 
-    def reload_that_does_nothing():  # the first sync loads the weights; later ones only report success
+    def reload_that_does_nothing():
         calls["n"] += 1
         if calls["n"] == 1:
             return real_sync()
         sampler.on_sync()
 
     sampler.sync_weights = reload_that_does_nothing
+
+
+def test_sync_that_loads_nothing_is_caught_by_the_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
+    trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=3,
+                       learning_rate=5e-2, sync_probe_max_gap=1e-3)
+    _loads_only_at_the_first_sync(trainer.vllm_generation)
     with pytest.raises(StaleSamplerError, match="stale"):
         trainer.train()
     assert trainer.sync_probe_gaps[0] < 1e-4 and trainer.sync_probe_gaps[-1] > 1e-3
@@ -560,17 +564,7 @@ def test_probe_runs_after_the_first_sync_and_every_nth(tmp_path, tiny_qwen3_dir,
 def test_a_sync_that_loads_nothing_is_caught_at_the_next_probe(tmp_path, tiny_qwen3_dir, fake_sampler):
     trainer = _trainer(TriageGRPOConfig, tmp_path, tiny_qwen3_dir, use_vllm=True, max_steps=6,
                        learning_rate=5e-2, sync_probe_max_gap=1e-3, sync_probe_every=3)
-    sampler = trainer.vllm_generation
-    real_sync = sampler.sync_weights
-    calls = {"n": 0}
-
-    def reload_that_does_nothing():  # the first sync loads the weights; later ones only report success
-        calls["n"] += 1
-        if calls["n"] == 1:
-            return real_sync()
-        sampler.on_sync()
-
-    sampler.sync_weights = reload_that_does_nothing
+    _loads_only_at_the_first_sync(trainer.vllm_generation)
     with pytest.raises(StaleSamplerError, match="stale"):
         trainer.train()
     assert trainer.state.global_step == 3 and trainer.sync_probe_steps == [0, 3]
