@@ -96,8 +96,8 @@ def triage_card_section(
         top = max(finite) if finite else float("nan")
         lines += [
             "",
-            f"Sync probe (`triage/sync_probe_gap`, mean |learner - sampler| log-prob of a fixed sequence after each of "
-            f"{len(sync_probe_gaps)} weight syncs): first {sync_probe_gaps[0]:.4g}, last {sync_probe_gaps[-1]:.4g}, "
+            f"Sync probe (`triage/sync_probe_gap`, mean |learner - sampler| log-prob of a fixed sequence after "
+            f"{len(sync_probe_gaps)} probed weight syncs): first {sync_probe_gaps[0]:.4g}, last {sync_probe_gaps[-1]:.4g}, "
             f"max {top:.4g} nats.",
         ]
     return "\n".join(lines) + "\n"
