@@ -228,6 +228,7 @@ def test_step0_identity_is_shared_across_objectives_only(tmp_path):
 
     naive = identity("nvfp4_naive")
     assert naive == identity("nvfp4_tis") == identity("nvfp4_opsm") == identity("triage")
+    assert naive == identity("nvfp4_naive", learning_rate=1e-5)  # a ladder's rungs start from the same weights
     assert identity("bf16", None) == identity("nvfp4_naive", "hot_1.15") == identity("triage", "hot_1.3")
     others = {identity("bf16", None), identity("bf16_learner_nvfp4_sampler"), identity("nvfp4_naive", "paper"),
               identity("nvfp4_naive", seed=1), identity("nvfp4_naive", model="other"),

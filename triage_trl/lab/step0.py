@@ -9,7 +9,7 @@ with the same identity reads it (the record says ``shared_from``) instead of eva
 gain by item is unchanged: every run's final evaluation is paired with the same step-0 outcomes.
 
 The identity (:func:`step0_identity`) is every ``TriageGRPOConfig`` field except those that only act in the loss
-(:data:`OBJECTIVE_ONLY`) or name the run's folder, plus the model, the seed and the lab's evaluation settings. A field
+(:data:`OBJECTIVE_ONLY`) or in the optimizer's steps (:data:`OPTIMIZER_ONLY`) or name the run's folder, plus the model, the seed and the lab's evaluation settings. A field
 not listed there counts, so a new setting that could change the sampler never shares by mistake.
 """
 
@@ -22,6 +22,9 @@ import os
 OBJECTIVE_ONLY = ("triage_", "vllm_importance_sampling_", "off_policy_mask_threshold")
 """Prefixes of the fields that act only in the loss (never on the weights, the sampler or the evaluation before the
 first optimizer step): TRIAGE's objective, TRL's importance-sampling correction, TRL's off-policy sequence mask."""
+OPTIMIZER_ONLY = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
+                  "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "optim_args")
+"""Fields that act only in the optimizer's steps (a learning-rate ladder shares its step-0 evaluation)."""
 RUN_NAMING = ("output_dir", "logging_dir", "run_name", "hub_model_id")
 """Fields that name where a run writes, not what it computes."""
 EVAL_SETTINGS = ("task", "eval_size", "eval_samples", "eval_sampled_items", "temperature", "max_completion_length",
@@ -40,7 +43,7 @@ def step0_identity(args, settings: dict, seed: int, model: str) -> str:
         model: the model path or id the run loads.
     """
     fields = {k: v for k, v in args.to_dict().items()
-              if not k.startswith(OBJECTIVE_ONLY) and k not in RUN_NAMING}
+              if not k.startswith(OBJECTIVE_ONLY) and k not in RUN_NAMING and k not in OPTIMIZER_ONLY}
     record = {"model": model, "seed": seed, "args": fields, "eval": {k: settings.get(k) for k in EVAL_SETTINGS}}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
