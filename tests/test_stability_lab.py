@@ -343,6 +343,10 @@ def test_cost_gain_stability_hand_computed():
     assert result["gain"]["mean"] == pytest.approx((1 + 1 + 1 - 1) / 8)  # paired over (seed, item)
     assert result["gain_sampled"]["mean"] == pytest.approx((0.5 + 0.25) / 8)
     assert result["gain"]["low"] <= result["gain"]["mean"] <= result["gain"]["high"]
+    assert result["gain_learner"]["n"] == 0 and math.isnan(result["gain_learner"]["mean"])  # no learner records
+    runs[0]["held_out"][0]["learner_outcomes"], runs[0]["held_out"][1]["learner_outcomes"] = [0, 0, 1, 1], [1, 1, 1, 0]
+    learner = cost_gain_stability(runs[:1], reference)["gain_learner"]
+    assert learner["mean"] == pytest.approx((1 + 1 + 0 - 1) / 4) and learner["n"] == 4
     assert result["k3_slope"] == pytest.approx(0.1) and result["probe_k3_slope"] == pytest.approx(0.1)
     # k3 grows e^0.1 per step: e^1.0 = 2.7 x the first-10 mean at step 20 is below 5x; the reward of seed 1 drops
     # 0.4 below its peak for good
@@ -531,3 +535,39 @@ def test_smoke_lab_end_to_end(tmp_path):
     # resume: a second call skips both runs and only summarizes
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 2
+
+
+def test_learner_weights_are_scored_only_beside_an_nvfp4_sampler(tmp_path):
+    from triage_trl.lab.worker import scores_learner_weights
+
+    settings = {**scale_preset("collapse"), "scale": "collapse"}
+    scored = {name: scores_learner_weights(build_trainer_config(name, settings, str(tmp_path / name), 0,
+                                                                  settings.get("trainer_overrides"), dose))
+              for name, dose in (("bf16", None), ("bf16_learner_nvfp4_sampler", "stress"), ("nvfp4_naive", "stress"),
+                                 ("triage", "stress"))}
+    assert scored == {"bf16": False, "bf16_learner_nvfp4_sampler": True, "nvfp4_naive": False, "triage": False}
+
+
+def test_learner_accuracy_scores_the_learner_itself(tiny_qwen3_dir):
+    """transformers ``generate`` on the trainer's own model, greedy and sampled, the model's mode restored."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from triage_trl.data import reasoning_gym_dataset
+    from triage_trl.eval.held_out import HeldOutResult, SampledResult, learner_accuracy
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir).train()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    trainer = SimpleNamespace(model=model, processing_class=tokenizer,
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    data = reasoning_gym_dataset(size=5, seed=3)
+    greedy = learner_accuracy(trainer, data, 6, batch_size=2)
+    assert isinstance(greedy, HeldOutResult) and greedy.total == 5 and len(greedy.completions) == 5
+    assert greedy.completions == learner_accuracy(trainer, data, 6, batch_size=4).completions  # batching-independent
+    assert model.training
+    sampled = learner_accuracy(trainer, data, 6, n=3, temperature=1.0, batch_size=2)
+    assert isinstance(sampled, SampledResult) and len(sampled.item_scores) == 5 and sampled.n == 3
+    assert all(s in (0.0, 1 / 3, 2 / 3, 1.0) for s in sampled.item_scores)
+    with pytest.raises(ValueError, match="n == 1 when greedy"):
+        learner_accuracy(trainer, data, 6, n=2)

@@ -255,12 +255,16 @@ class HeldOutEvaluator(TrainerCallback):
         samples: avg@``samples`` beside the greedy accuracy at each evaluation (0: greedy only), sampled at
             ``temperature`` (``triage_trl.eval.held_out.sampled_accuracy``), on the first ``sampled_items`` items
             (``None``: all; sampling n per item costs n greedy passes).
+        learner: also score the learner's own weights (``triage_trl.eval.held_out.learner_accuracy``, transformers
+            ``generate``): the record gains ``"learner_accuracy"``, ``"learner_outcomes"`` and, with ``samples``,
+            ``"learner_avg_at_<samples>"`` and ``"learner_item_scores"`` (for a full-precision learner trained with
+            an NVFP4 sampler, the weights without the sampler's quantisation cost).
     """
 
     def __init__(self, dataset, max_tokens: int, every: int | None = None, on_result: Callable | None = None, *,
-                 samples: int = 0, temperature: float = 1.0, sampled_items: int | None = None):
+                 samples: int = 0, temperature: float = 1.0, sampled_items: int | None = None, learner: bool = False):
         self.dataset, self.max_tokens, self.every, self.on_result = dataset, max_tokens, every, on_result
-        self.samples, self.temperature = samples, temperature
+        self.samples, self.temperature, self.learner = samples, temperature, learner
         self.sampled = dataset if sampled_items is None else dataset.select(range(min(sampled_items, len(dataset))))
         self.trainer = None
         self.results: list = []
@@ -282,12 +286,26 @@ class HeldOutEvaluator(TrainerCallback):
                                        temperature=self.temperature)
             record.update({f"avg_at_{self.samples}": sampled.accuracy, "sample_temperature": self.temperature,
                            "item_scores": sampled.item_scores})
+        if self.learner:
+            record.update(self._learner_record(trainer))
         record.update({"seconds": time.perf_counter() - t0, "sync_seconds": t1 - t0})
         self.seconds += record["seconds"]
         self.results.append((record, result))
         if self.on_result is not None:
             self.on_result(record, result)
         return result
+
+    def _learner_record(self, trainer) -> dict:
+        from .eval.held_out import learner_accuracy
+
+        greedy = learner_accuracy(trainer, self.dataset, self.max_tokens)
+        record = {"learner_accuracy": greedy.accuracy, "learner_outcomes": [int(o) for o in greedy.outcomes]}
+        if self.samples:
+            sampled = learner_accuracy(trainer, self.sampled, self.max_tokens, n=self.samples,
+                                       temperature=self.temperature)
+            record.update({f"learner_avg_at_{self.samples}": sampled.accuracy,
+                           "learner_item_scores": sampled.item_scores})
+        return record
 
     def reuse(self, record: dict) -> None:
         """Take an evaluation measured by another run from the same starting point (``triage_trl.lab.step0``) as this

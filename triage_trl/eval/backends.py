@@ -128,11 +128,13 @@ class TransformersBackend:
     """``transformers`` ``generate`` in bf16, or with the NVFP4 learner's W4A4 linears.
 
     Args:
-        model_path: a transformers model folder (or Hub id).
-        precision: ``"bf16"`` or ``"nvfp4"`` (``convert_to_nvfp4_learner``, native where available).
+        model_path: a transformers model folder (or Hub id); ``None`` with ``model``.
+        precision: ``"bf16"`` or ``"nvfp4"`` (``convert_to_nvfp4_learner``, native where available; a ``model`` given
+            in memory is used as it is).
         tokenizer: the model's tokenizer (its pad token, or eos, pads on the left).
         device: torch device (default: CUDA when available, else CPU).
         batch_size: prompts per ``generate`` call.
+        model: a loaded causal LM to generate with instead of loading ``model_path`` (not converted, not moved).
 
     Raises:
         ValueError: unknown precision.
@@ -140,16 +142,21 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, model_path: str, *, precision: str = "bf16", tokenizer=None, device: str | None = None,
-                 batch_size: int = 16):
+    def __init__(self, model_path: str | None, *, precision: str = "bf16", tokenizer=None, device: str | None = None,
+                 batch_size: int = 16, model=None):
         _check(precision)
         self.precision = precision
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = _load_hf_model(model_path, self.device)
+        if model is not None:  # a model already in memory (e.g. a trainer's learner, as it is)
+            self.device = str(next(model.parameters()).device)
+            self.model = model
+        else:
+            self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.model = _load_hf_model(model_path, self.device)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.kernel_report = {"platform": self.device, "precision": precision, "dtype": "bfloat16"}
-        if precision == "nvfp4":
+        self.kernel_report = {"platform": self.device, "precision": precision,
+                              "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
+        if precision == "nvfp4" and model is None:
             from ..nvfp4.learner import convert_to_nvfp4_learner, learner_execution_summary
 
             convert_to_nvfp4_learner(self.model)

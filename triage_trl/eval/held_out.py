@@ -2,14 +2,17 @@
 
 Used by the demo and the stability lab before, during and after training. The sampler is the engine TRIAGE trains
 and serves (NVFP4 or bf16, synced to the learner by ``trainer.sync_sampler()``), so the accuracy is that of the
-policy as deployed. The standard errors follow from the binomial model; :func:`paired_difference` and
-:func:`items_won_lost` compare two evaluations of the same items.
+policy as deployed. :func:`learner_accuracy` scores the learner's own weights instead (transformers ``generate``), for
+runs whose learner computes in another precision than their sampler. The standard errors follow from the binomial
+model; :func:`paired_difference` and :func:`items_won_lost` compare two evaluations of the same items.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -152,3 +155,54 @@ def sampled_accuracy(trainer, dataset, max_tokens: int, *, n: int, temperature: 
     scores = [sum(r == 1.0 for r in rewards[i * n:(i + 1) * n]) / n for i in range(len(texts))]
     return SampledResult(scores, n, temperature)
 
+
+
+@torch.no_grad()
+def learner_accuracy(trainer, dataset, max_tokens: int, *, n: int = 1, temperature: float = 0.0, seed: int = 0,
+                     batch_size: int = 32) -> HeldOutResult | SampledResult:
+    """Held-out accuracy of the trainer's learner, its own weights in its own precision (transformers ``generate``
+    on ``trainer.model``, left-padded batches), not of the sampler: for a full-precision learner trained with an NVFP4
+    sampler, the weights carry no quantisation cost. Greedy (``temperature=0``, ``n=1``) or avg@``n`` sampled at
+    ``temperature``; the same prompts and verified rewards as :func:`greedy_accuracy` and :func:`sampled_accuracy`.
+
+    Args:
+        trainer: a trainer whose ``model`` is a causal LM (a PEFT model generates with its adapters).
+        dataset, max_tokens: as :func:`greedy_accuracy`.
+        n, temperature, seed: samples per item, their temperature, and ``torch``'s seed per batch.
+        batch_size: prompts per ``generate`` call.
+
+    Returns:
+        :class:`HeldOutResult` (greedy) or :class:`SampledResult` (``n`` samples).
+
+    Raises:
+        ValueError: ``temperature == 0`` with ``n > 1``, or ``n < 1``.
+    """
+    from ..answers.rewards import verified_answer_reward
+    from .backends import TransformersBackend
+
+    if n < 1 or (temperature == 0 and n > 1):
+        raise ValueError(f"learner_accuracy takes n >= 1, and n == 1 when greedy (got n={n}, temperature="
+                         f"{temperature}).")
+    tokenizer = trainer.processing_class
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # the text the sampler is given (greedy_accuracy), tokenised as it is (the chat template holds the special tokens)
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    was_training = model.training
+    model.eval()
+    try:
+        backend = TransformersBackend(None, tokenizer=tokenizer, batch_size=batch_size, model=model)
+        completions = [c for group in backend.generate(prompt_ids, n=n, temperature=temperature,
+                                                       max_new_tokens=max_tokens,
+                                                       seeds=[seed + i for i in range(len(prompt_ids))])
+                       for c in group]
+    finally:
+        model.train(was_training)
+    repeat = lambda column: [v for v in dataset[column] for _ in range(n)]  # noqa: E731
+    extra = {"rg_entry": repeat("rg_entry")} if "rg_entry" in dataset.column_names else {}
+    rewards = verified_answer_reward(completions, repeat("answer"), repeat("answer_kind"), **extra)
+    if temperature == 0:
+        outcomes = [r == 1.0 for r in rewards]
+        return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)
+    scores = [sum(r == 1.0 for r in rewards[i * n:(i + 1) * n]) / n for i in range(len(prompt_ids))]
+    return SampledResult(scores, n, temperature)

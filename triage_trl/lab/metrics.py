@@ -298,8 +298,9 @@ def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, sampl
     Returns:
         ``cost`` (reference's step-0 greedy accuracy minus the run's, paired by item, pooled over seeds; in
         [-1, 1]), ``gain`` (final - step-0 greedy accuracy, :func:`training_gain`), ``gain_sampled`` (the same on
-        each item's share of correct samples), each ``{"mean", "low", "high", "n"}`` (NaN where the records lack
-        per-item outcomes); ``k3_slope`` and ``probe_k3_slope`` (mean over seeds of :func:`k3_log_slope` of the
+        each item's share of correct samples), ``gain_learner`` and ``gain_learner_sampled`` (the same for the
+        learner's own weights, ``learner_*`` records), each ``{"mean", "low", "high", "n"}`` (NaN where the records
+        lack per-item outcomes); ``k3_slope`` and ``probe_k3_slope`` (mean over seeds of :func:`k3_log_slope` of the
         training batch's ``triage/k3_kl`` and of the fixed probe's k3); ``collapses``: :func:`collapse_by_rule`
         per seed, its ``step`` the optimizer step (rewards and k3 are logged at rollout steps only when a rollout
         serves several updates; the grad norm at every step).
@@ -311,7 +312,9 @@ def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, sampl
         return held[index].get(key) if held and key in held[index] else None
 
     gains = {}
-    for name, key in (("gain", "outcomes"), ("gain_sampled", "item_scores" if samples_key else None)):
+    for name, key in (("gain", "outcomes"), ("gain_sampled", "item_scores" if samples_key else None),
+                      ("gain_learner", "learner_outcomes"),
+                      ("gain_learner_sampled", "learner_item_scores" if samples_key else None)):
         pairs = [(outcomes(r, 0, key), outcomes(r, -1, key)) for r in runs] if key else []
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None and len(a) == len(b)]
         gains[name] = training_gain([a for a, _ in pairs], [b for _, b in pairs]) if pairs else dict(nan)

@@ -126,17 +126,27 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
              "optimizer step (training batch; fixed probe).", "",
              f"| run | seeds | step-0 cost (greedy) | gain (greedy) | gain ({samples_key or 'avg@N'}) | "
              "k3 slope / step | probe k3 slope / step | collapsed (rule) |", "|---|---|---|---|---|---|---|---|"]
+    learner_rows = []
     for label, rows in runs.items():
         result = cost_gain_stability(
             [{"seed": r["seed"], "held_out": r["summary"].get("held_out"), "history": r["history"],
               "probe": r.get("probe")} for r in rows], ref, samples_key=samples_key)
+        if result["gain_learner"]["n"]:
+            learner_rows.append(f"| {label} | {len(rows)} | {_interval(result['gain_learner'])} | "
+                                f"{_interval(result['gain_learner_sampled'])} |")
         fell = [f"seed {r['seed']}: {c['reason']}@{c['step']}" for r, c in zip(rows, result["collapses"])
                 if c["collapsed"]]
         lines.append(f"| {label} | {len(rows)} | {_interval(result['cost'])} | {_interval(result['gain'])} | "
                      f"{_interval(result['gain_sampled'])} | {_num(result['k3_slope'], '+.4f')} | "
                      f"{_num(result['probe_k3_slope'], '+.4f')} | {len(fell)}/{len(rows)}"
                      f"{' (' + '; '.join(fell) + ')' if fell else ''} |")
-    return lines + ["", "- " + collapse_rule_text(), ""]
+    lines += ["", "- " + collapse_rule_text(), ""]
+    if learner_rows:
+        lines += ["The learner's own weights (full precision, transformers `generate`), for runs whose sampler computes "
+                  "in NVFP4: the gain without the sampler's quantisation cost, paired by item as above.", "",
+                  f"| run | seeds | gain (greedy, learner) | gain ({samples_key or 'avg@N'}, learner) |",
+                  "|---|---|---|---|", *learner_rows, ""]
+    return lines
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:

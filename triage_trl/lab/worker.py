@@ -8,7 +8,8 @@ and shared by the lab's runs that start from it (:mod:`triage_trl.lab.step0`). I
 
 - ``log_history.jsonl``: every log record, appended as it is logged (a crashed run keeps its curve);
 - ``held_out.jsonl``: one record per held-out evaluation (step, accuracy, correct, total, the 0/1 outcome per item,
-  avg@N and each item's share of correct samples when the scale asks for samples, seconds, of which sync_seconds);
+  avg@N and each item's share of correct samples when the scale asks for samples, seconds, of which sync_seconds;
+  the same of the learner's own weights, ``learner_*``, for a full-precision learner beside an NVFP4 sampler);
 - ``fixed_probe.jsonl`` when the scale sets ``probe_every``: k3 of the learner against the sampler on fixed
   completions (``fixed_probe.pt``, sampled at step 0), every ``probe_every`` steps (:mod:`triage_trl.lab.probe`);
 - ``checkpoint-N/`` when the scale saves checkpoints (``collapse``: every 10 steps, the last one kept): a run
@@ -46,6 +47,12 @@ from .step0 import read_step0, step0_identity, write_step0
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
 
+
+def scores_learner_weights(args) -> bool:
+    """Whether a run's held-out evaluations also score the learner's own weights: a full-precision learner beside an
+    NVFP4 sampler (``bf16_learner_nvfp4_sampler``), whose sampler's accuracy carries a quantisation cost its
+    weights do not."""
+    return args.learner_precision == "bf16" and args.sampler_precision == "nvfp4"
 
 def keep_records_up_to(path: str, step: int) -> None:
     """Rewrite a jsonl log keeping the records of steps ``<= step`` (and those without a step): a run resumed from
@@ -166,10 +173,13 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
             evaluator = HeldOutEvaluator(held_out, settings["max_completion_length"], every=settings["eval_every"],
                                          on_result=record, samples=settings.get("eval_samples") or 0,
                                          temperature=settings["temperature"],
-                                         sampled_items=settings.get("eval_sampled_items"))
+                                         sampled_items=settings.get("eval_sampled_items"),
+                                         learner=scores_learner_weights(args))
             identity = step0_identity(args, settings, seed, model_path)
             summary["step0_identity"] = identity
             shared = None if resume else read_step0(lab_dir, identity)
+            if shared is not None and evaluator.learner and "learner_outcomes" not in shared:
+                shared = None  # stored before the learner's own weights were scored: measure it here
             if shared is not None:  # a run from the same starting point measured it (triage_trl.lab.step0)
                 evaluator.reuse({**shared, "seconds": 0.0, "sync_seconds": 0.0,
                                  "measured_seconds": shared.get("seconds")})
