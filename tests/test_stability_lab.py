@@ -571,3 +571,21 @@ def test_learner_accuracy_scores_the_learner_itself(tiny_qwen3_dir):
     assert all(s in (0.0, 1 / 3, 2 / 3, 1.0) for s in sampled.item_scores)
     with pytest.raises(ValueError, match="n == 1 when greedy"):
         learner_accuracy(trainer, data, 6, n=2)
+    import torch
+
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    learner_accuracy(trainer, data, 6, n=2, temperature=1.0, batch_size=2)
+    assert torch.equal(torch.rand(3), expected)  # the process's random stream (an in-process sampler's) is untouched
+
+
+def test_a_stored_step0_record_without_the_learner_scores_is_not_reused_by_a_run_that_needs_them(tmp_path):
+    from triage_trl.lab.step0 import read_step0, write_step0
+
+    write_step0(str(tmp_path), "abc", {"step": 0, "outcomes": [1, 0]}, "bf16 seed 0")
+    assert read_step0(str(tmp_path), "abc")["shared_from"] == "bf16 seed 0"
+    assert read_step0(str(tmp_path), "abc", learner=True) is None
+    write_step0(str(tmp_path), "abc", {"step": 0, "outcomes": [1, 0], "learner_outcomes": [1, 1]}, "x seed 0")
+    assert read_step0(str(tmp_path), "abc", learner=True)["learner_outcomes"] == [1, 1]
+    assert read_step0(str(tmp_path), "missing") is None

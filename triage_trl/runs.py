@@ -298,11 +298,11 @@ class HeldOutEvaluator(TrainerCallback):
     def _learner_record(self, trainer) -> dict:
         from .eval.held_out import learner_accuracy
 
-        greedy = learner_accuracy(trainer, self.dataset, self.max_tokens)
+        greedy = learner_accuracy(trainer, self.dataset, self.max_tokens, seed=trainer.args.seed)
         record = {"learner_accuracy": greedy.accuracy, "learner_outcomes": [int(o) for o in greedy.outcomes]}
         if self.samples:
             sampled = learner_accuracy(trainer, self.sampled, self.max_tokens, n=self.samples,
-                                       temperature=self.temperature)
+                                       temperature=self.temperature, seed=trainer.args.seed)
             record.update({f"learner_avg_at_{self.samples}": sampled.accuracy,
                            "learner_item_scores": sampled.item_scores})
         return record

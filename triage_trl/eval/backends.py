@@ -176,7 +176,15 @@ class TransformersBackend:
         self, prompt_ids: Sequence[Sequence[int]], *, n: int, temperature: float, max_new_tokens: int,
         seeds: Sequence[int],
     ) -> list[list[str]]:
-        """``n`` completions per prompt, left-padded batches of ``batch_size``; ``torch.manual_seed(seeds[i])`` per batch."""
+        """``n`` completions per prompt, left-padded batches of ``batch_size``; ``torch.manual_seed(seeds[i])`` per batch,
+        inside a forked RNG state: the caller's torch generators are left as they were (a sampler or trainer in the
+        same process keeps its random stream)."""
+        device = torch.device(self.device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return self._generate(prompt_ids, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
+                                  seeds=seeds)
+
+    def _generate(self, prompt_ids, *, n, temperature, max_new_tokens, seeds) -> list[list[str]]:
         out: list[list[str]] = []
         for start in range(0, len(prompt_ids), self.batch_size):
             batch = [list(p) for p in prompt_ids[start : start + self.batch_size]]

@@ -168,7 +168,8 @@ def learner_accuracy(trainer, dataset, max_tokens: int, *, n: int = 1, temperatu
     Args:
         trainer: a trainer whose ``model`` is a causal LM (a PEFT model generates with its adapters).
         dataset, max_tokens: as :func:`greedy_accuracy`.
-        n, temperature, seed: samples per item, their temperature, and ``torch``'s seed per batch.
+        n, temperature, seed: samples per item, their temperature, and ``torch``'s seed of the first batch (batch
+            ``i`` seeds ``seed + i x batch_size``), in a forked RNG state (the process's generators are untouched).
         batch_size: prompts per ``generate`` call.
 
     Returns:
@@ -185,9 +186,9 @@ def learner_accuracy(trainer, dataset, max_tokens: int, *, n: int = 1, temperatu
                          f"{temperature}).")
     tokenizer = trainer.processing_class
     model = trainer.accelerator.unwrap_model(trainer.model)
-    # the text the sampler is given (greedy_accuracy), tokenised as it is (the chat template holds the special tokens)
+    # the text the sampler is given (greedy_accuracy), tokenised as vLLM tokenises a text prompt (special tokens added)
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
     was_training = model.training
     model.eval()
     try:

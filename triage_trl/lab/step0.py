@@ -52,13 +52,15 @@ def cache_path(lab_dir: str, identity: str) -> str:
     return os.path.join(lab_dir, CACHE_DIR, f"{identity}.json")
 
 
-def read_step0(lab_dir: str, identity: str) -> dict | None:
-    """The stored step-0 record of ``identity`` (``None`` if no run stored one)."""
+def read_step0(lab_dir: str, identity: str, *, learner: bool = False) -> dict | None:
+    """The stored step-0 record of ``identity`` (``None`` if no run stored one, or, with ``learner``, if it lacks the
+    learner's own scores: a record stored before they were measured is measured again)."""
     path = cache_path(lab_dir, identity)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        record = json.load(f)
+    return None if learner and "learner_outcomes" not in record else record
 
 
 def write_step0(lab_dir: str, identity: str, record: dict, run_label: str) -> None:

@@ -177,9 +177,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
                                          learner=scores_learner_weights(args))
             identity = step0_identity(args, settings, seed, model_path)
             summary["step0_identity"] = identity
-            shared = None if resume else read_step0(lab_dir, identity)
-            if shared is not None and evaluator.learner and "learner_outcomes" not in shared:
-                shared = None  # stored before the learner's own weights were scored: measure it here
+            shared = None if resume else read_step0(lab_dir, identity, learner=evaluator.learner)
             if shared is not None:  # a run from the same starting point measured it (triage_trl.lab.step0)
                 evaluator.reuse({**shared, "seconds": 0.0, "sync_seconds": 0.0,
                                  "measured_seconds": shared.get("seconds")})
