@@ -7,9 +7,10 @@ then the trainer runs the probe) and times, inside the same run, every sync (``_
 if due, block-wise NVFP4 export, one ``reload_weights``) and every probe. The first step is a warm-up (it also
 calibrates); the figures are medians over the later steps:
 
-* ``sync_share=`` (sync + probe / ``sync_probe_every``) / step time, from TRL's ``step_time`` (goal: <= 0.05): the
-  probe runs after the first sync and every ``sync_probe_every``-th (the demo's setting unless ``--sync-probe-every``);
-  ``sync_share_probe_every_sync=`` the same with a probe after every sync;
+* ``sync_share=`` (sync + probe / ``sync_probe_every``) / (step time without a probe + probe / ``sync_probe_every``),
+  from TRL's ``step_time`` (goal: <= 0.05): the probe runs after the first sync and every ``sync_probe_every``-th
+  (the demo's setting unless ``--sync-probe-every``); ``sync_share_probe_every_sync=`` the same with a probe after
+  every sync;
 * ``sync_peak_share=`` the largest number of bytes the export had created and vLLM still held at one time (tensors
   with storage of their own: NVFP4 codes and scales, casts), over the learner's parameter bytes (goal: about one
   decoder layer, ``layer_share=``).
@@ -93,11 +94,13 @@ def main(argv: list[str] | None = None) -> float:
 
     from triage_trl.runs import DEMO_DEFAULTS
 
-    every = args.sync_probe_every or DEMO_DEFAULTS["sync_probe_every"]
+    every = DEMO_DEFAULTS["sync_probe_every"] if args.sync_probe_every is None else args.sync_probe_every
+    if every < 1:
+        parser.error(f"--sync-probe-every must be >= 1 (got {every}).")
     steps = args.steps if args.steps is not None else 1 + 2 * every
-    if steps < 2 or (every > 1 and steps < 2 + every):
-        parser.error(f"--steps must be >= 2 (the first step is a warm-up), and >= {2 + every} for a probe after the "
-                     f"warm-up with --sync-probe-every {every}.")
+    if steps < 1 + every or steps < 2:
+        parser.error(f"--steps must be >= {max(2, 1 + every)}: the first step is a warm-up (its sync is probed) and "
+                     f"the next probe comes at step {1 + every} with --sync-probe-every {every}.")
 
     from triage_trl.data import CALIBRATION_SEED, TRAIN_SEED, reasoning_gym_dataset
     from triage_trl.runs import build_config, demo_rewards, lora_config, resolve_model
@@ -134,14 +137,18 @@ def main(argv: list[str] | None = None) -> float:
         layers = [m for name, m in trainer.model.named_modules() if name.endswith("layers.0")]
         layer_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
     # One sync and one step time per step, one probe per probed sync (the load at sampler start is not timed).
-    # Step 1 warms up, and its sync is the first probed one.
-    sync, probe, step = (statistics.median(x[1:]) for x in (sync_s, probe_s, step_s))
-    print(f"steps={len(step_s)} step_s={step:.3f} sync_s={sync:.3f} probe_s={probe:.3f} probes={len(probe_s)} "
-          f"sync_probe_every={every}")
+    # Step 1 warms up, and its sync is the first probed one. A probed step's time holds its probe: the step time
+    # without a probe is the median over the unprobed steps (all of them when every sync is probed, less the probe).
+    probed = {s + 1 for s in trainer.sync_probe_steps}  # 1-based steps whose sync was probed
+    sync, probe = statistics.median(sync_s[1:]), statistics.median(probe_s[1:])
+    unprobed = [t for i, t in enumerate(step_s, start=1) if i > 1 and i not in probed]
+    bare = statistics.median(unprobed) if unprobed else statistics.median(step_s[1:]) - probe
+    print(f"steps={len(step_s)} step_s_without_probe={bare:.3f} sync_s={sync:.3f} probe_s={probe:.3f} "
+          f"probes={len(probe_s)} sync_probe_every={every}")
     print(f"param_bytes={param_bytes} sync_peak_extra_bytes={live.peak} layer_bytes={layer_bytes}")
     print(f"sync_peak_share={live.peak / param_bytes:.4f} layer_share={layer_bytes / param_bytes:.4f}")
-    share = (sync + probe / every) / step
-    print(f"sync_share_probe_every_sync={(sync + probe) / step:.4f}")
+    share = (sync + probe / every) / (bare + probe / every)
+    print(f"sync_share_probe_every_sync={(sync + probe) / (bare + probe):.4f}")
     print(f"sync_share={share:.4f}")
     return share
 

@@ -60,6 +60,7 @@ def test_quick_demo_run(smollm2_dir, tmp_path, capfd):
     assert summary["accuracy_gain"] == pytest.approx((won - lost) / summary["held_out"])
     assert 0 <= summary["held_out_in_train"] <= summary["held_out"]
     assert 0 <= summary["sync_probe_gap_max"] < 2.0 and math.isfinite(summary["mismatch_last"]["k3_kl"])
+    assert summary["sync_probes"] >= 3  # the quick run probes every sync: the ones after its updates too
     weights = ("adapter_model.safetensors", "adapter_config.json") if summary["settings"]["lora_rank"] \
         else ("model.safetensors",)
     for name in (*weights, "README.md", "trainer_state.json", "demo_summary.json"):

@@ -28,7 +28,7 @@ import time
 from .runs import DEMO_DEFAULTS, REWARD_WEIGHTS, build_config, demo_rewards, lora_config  # noqa: F401
 from .runtime import vllm_process_settings
 
-QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16)
+QUICK = dict(max_steps=2, eval_size=8, prompts_per_step=2, num_generations=4, train_size=16, sync_probe_every=1)
 
 
 def run_demo(output_dir: str = "runs/demo", *, model: str | None = None, quick: bool = False, seed: int = 0,
@@ -105,6 +105,7 @@ def _run(output_dir: str, model: str | None, seed: int, plots: bool, settings: d
         "zero_signal_frac": _mean(h.get("triage/zero_signal_frac") for h in logs),
         "reward_first": logs[0]["reward"] if logs else math.nan, "reward_last": logs[-1]["reward"] if logs else math.nan,
         "sync_probe_gap_max": max(trainer.sync_probe_gaps, default=math.nan),
+        "sync_probes": len(trainer.sync_probe_gaps),
         "mismatch_first": first_last[0] if first_last else None, "mismatch_last": first_last[1] if first_last else None,
         "examples_after": after.completions[:3],
         **finished,

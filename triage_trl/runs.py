@@ -104,8 +104,9 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
         # default same-precision bound (0.1) would stop the run; 2.0 still catches a stale or corrupt sync.
         sync_probe_max_gap=2.0,
-        # The first sync and every 4th are probed: a probe costs 0.47 s (4% of a 12 s demo step on two AVX2 cores)
-        # and a stale sync is still caught within 4 steps; the batch's learner-sampler gap is logged at every step.
+        # The first sync and every 4th are probed: a probe costs 0.5-0.7 s (4-5% of a 13 s demo step on two AVX2
+        # cores); a sampler that stays stale is caught within 4 syncs; the batch's learner-sampler gap is logged at
+        # every step.
         sync_probe_every=DEMO_DEFAULTS["sync_probe_every"],
         use_cpu=True,
         bf16=False,

@@ -72,7 +72,7 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
     """Reward, k3 KL and policy entropy (both log scale) against the optimizer step for every configuration (one
     colour each; a reward series of :data:`SMOOTH_MIN_POINTS` points or more as the collapse rule's moving mean); a
     ``collapse_steps[name]`` step (one per collapsed seed, :func:`triage_trl.lab.metrics.run_collapse`) is drawn as a
-    dotted vertical line in the configuration's colour on both panels; returns ``path``."""
+    dotted vertical line in the configuration's colour on every panel; returns ``path``."""
     plt = _pyplot()
     colors = plt.get_cmap("tab20").colors
     fig, axes = plt.subplots(1, len(OVERLAY_PANELS), figsize=(19, 4.8), dpi=100)

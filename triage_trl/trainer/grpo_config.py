@@ -42,14 +42,16 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             Bound on `triage/sync_probe_gap`, the mean absolute difference (nats) between the learner's and the
             sampler's log-probs of a fixed probe sequence, measured after the weight syncs `sync_probe_every` picks. Above it, the trainer
             raises at the first sync (the engines compute different models) or when the sampler did not follow the
-            learner's move since the previous sync (stale or partial sync), and warns otherwise (precision drift).
+            learner's move since the previous probe (stale or partial sync), and warns otherwise (precision drift).
             `None`: from what the engines compute (`sync_probe.expected_probe_gap`: 0.5 with NVFP4 on one side
             only, 0.02 with both in float32, else 0.1).
         sync_probe_every (`int`, *optional*, defaults to `1`):
-            Run the sync probe after the first weight sync and then after every `sync_probe_every`-th: a stale,
-            partial or corrupt sync is caught within that many syncs. Each probe is a learner forward and a sampler
-            scoring call on the probe sequence (SmolLM2-135M on two AVX2 cores: 0.47 s, 4% of a demo step). The
-            training batch's learner-sampler gap (`triage/gap_*`, `triage/k3_kl`) is logged at every step either way.
+            Run the sync probe after the first weight sync and then after every `sync_probe_every`-th (the syncs
+            before held-out evaluations, `sync_sampler()`, count too). A sampler that stays stale, partial or
+            corrupt is caught within that many syncs; one bad sync that the next sync repairs may pass unseen
+            between two probes. Each probe is a learner forward and a sampler scoring call on the probe sequence
+            (SmolLM2-135M on two AVX2 cores: 0.5-0.7 s, 4-5% of a demo step). The training batch's learner-sampler
+            gap (`triage/gap_*`, `triage/k3_kl`) is logged at every step either way.
         use_vllm (`bool` or `None`, *optional*):
             TRL's switch for the vLLM sampler. `None` (default): on while TRIAGE is on (its sampler log-probs come
             from vLLM), TRL's default (off) when `triage_mode="off"`.
@@ -73,7 +75,7 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
         metadata={
             "help": "Bound (nats) on `triage/sync_probe_gap`, the mean |learner - sampler| log-prob of a fixed probe "
             "sequence measured after the syncs `sync_probe_every` picks; above it training stops at the first sync or when the sampler "
-            "did not follow the learner since the previous sync (stale, partial), and warns otherwise (precision "
+            "did not follow the learner since the previous probe (stale, partial), and warns otherwise (precision "
             "drift). Unset: from the engines' precisions and dtypes (0.5 with NVFP4 on one side only, 0.02 with both "
             "in float32, else 0.1)."
         },
@@ -81,8 +83,9 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
     sync_probe_every: int = field(
         default=1,
         metadata={
-            "help": "Run the sync probe after the first weight sync and then after every N-th (a stale, partial or "
-            "corrupt sync is caught within N syncs). Each probe is one learner forward and one sampler scoring call "
+            "help": "Run the sync probe after the first weight sync and then after every N-th (evaluation syncs count; a "
+            "sampler that stays stale, partial or corrupt is caught within N syncs, one bad sync repaired by the next "
+            "may pass unseen). Each probe is one learner forward and one sampler scoring call "
             "on the probe sequence; the training batch's learner-sampler gap is logged every step either way."
         },
     )

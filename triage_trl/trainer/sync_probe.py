@@ -11,7 +11,7 @@ different precisions differ by a gap that starts near the floor of :func:`expect
 computes: precisions and dtypes) and then grows slowly as training sharpens the logits (a random tiny model at
 lr 0.1: 0.001 -> 0.13 nats in 11 steps). A stale or partial sync instead leaves the sampler where it was while the
 learner moved: between two syncs the sampler's log-probs of the probe do not follow the learner's. So the probe
-compares the two engines' moves since the previous sync: ``untracked = mean |dL - dS|`` (nats) is the part of the
+compares the two engines' moves since the previous probe: ``untracked = mean |dL - dS|`` (nats) is the part of the
 learner's move the sampler did not make, ``~ mean |dL|`` for a stale sampler and ``~ 0`` for a synced one.
 """
 
@@ -140,13 +140,13 @@ def classify_probe(gap: float, bound: float, *, step: int, what: str, first: boo
         return ProbeVerdict(
             "stale",
             f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}). The sampler is stale or partially "
-            f"synced: since the previous sync the learner's log-probs moved {moved:.4g} nats, and the sampler missed "
+            f"synced: since the previous probe the learner's log-probs moved {moved:.4g} nats, and the sampler missed "
             f"{untracked:.4g} of that move (a skipped or partial weight sync). Check the sampler's sync_weights.")
     base = f", {step0_gap:.4g} at the first sync" if step0_gap is not None else ""
     return ProbeVerdict(
         "drift",
         f"{head} by {gap:.4g} nats on average (bound {bound:.4g} for {what}{base}), while the sampler followed the "
-        f"learner's move since the previous sync ({untracked:.4g} of {moved:.4g} nats not followed): precision drift "
+        f"learner's move since the previous probe ({untracked:.4g} of {moved:.4g} nats not followed): precision drift "
         "as training sharpens the logits, not a stale sampler. Training continues; triage/sync_probe_gap tracks it.")
 
 
