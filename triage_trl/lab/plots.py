@@ -91,7 +91,8 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
             ax.set_yscale("log")
         marks = ", dotted: collapse (pre-registered rule)" if any((collapse_steps or {}).values()) else ""
         window = f", {COLLAPSE_REWARD_WINDOW}-step moving mean" if key == "reward" and smoothed else ""
-        ax.set_title(f"{title}{' (log scale)' if log else ''}{window}\nmean over seeds, band: min-max{marks}",
+        band = "moving mean of the min and max" if window else "min-max"
+        ax.set_title(f"{title}{' (log scale)' if log else ''}{window}\nmean over seeds, band: {band}{marks}",
                      fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
