@@ -578,6 +578,13 @@ def test_learner_accuracy_scores_the_learner_itself(tiny_qwen3_dir):
     torch.manual_seed(11)
     learner_accuracy(trainer, data, 6, n=2, temperature=1.0, batch_size=2)
     assert torch.equal(torch.rand(3), expected)  # the process's random stream (an in-process sampler's) is untouched
+    from triage_trl.eval.backends import TransformersBackend
+
+    with pytest.raises(ValueError, match="would need a conversion"):
+        TransformersBackend(None, precision="nvfp4", tokenizer=tokenizer, model=model)
+    sharded = SimpleNamespace(**vars(trainer), is_fsdp_enabled=True)
+    with pytest.raises(NotImplementedError, match="single process or under DDP"):
+        learner_accuracy(sharded, data, 6)
 
 
 def test_a_stored_step0_record_without_the_learner_scores_is_not_reused_by_a_run_that_needs_them(tmp_path):

@@ -129,15 +129,15 @@ class TransformersBackend:
 
     Args:
         model_path: a transformers model folder (or Hub id); ``None`` with ``model``.
-        precision: ``"bf16"`` or ``"nvfp4"`` (``convert_to_nvfp4_learner``, native where available; a ``model`` given
-            in memory is used as it is).
+        precision: ``"bf16"`` or ``"nvfp4"`` (``convert_to_nvfp4_learner``, native where available); ``"bf16"``
+            with ``model`` (used as it is).
         tokenizer: the model's tokenizer (its pad token, or eos, pads on the left).
         device: torch device (default: CUDA when available, else CPU).
         batch_size: prompts per ``generate`` call.
         model: a loaded causal LM to generate with instead of loading ``model_path`` (not converted, not moved).
 
     Raises:
-        ValueError: unknown precision.
+        ValueError: unknown precision, or ``"nvfp4"`` with ``model``.
     """
 
     name = "transformers"
@@ -145,6 +145,9 @@ class TransformersBackend:
     def __init__(self, model_path: str | None, *, precision: str = "bf16", tokenizer=None, device: str | None = None,
                  batch_size: int = 16, model=None):
         _check(precision)
+        if model is not None and precision != "bf16":
+            raise ValueError(f"TransformersBackend(model=...) generates with the model as it is: precision "
+                             f"{precision!r} would need a conversion; pass model_path instead.")
         self.precision = precision
         if model is not None:  # a model already in memory (e.g. a trainer's learner, as it is)
             self.device = str(next(model.parameters()).device)
@@ -156,7 +159,7 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.kernel_report = {"platform": self.device, "precision": precision,
                               "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
-        if precision == "nvfp4" and model is None:
+        if precision == "nvfp4":
             from ..nvfp4.learner import convert_to_nvfp4_learner, learner_execution_summary
 
             convert_to_nvfp4_learner(self.model)

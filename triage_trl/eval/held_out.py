@@ -90,16 +90,12 @@ def greedy_accuracy(trainer, dataset, max_tokens: int) -> HeldOutResult:
     """
     from vllm import SamplingParams
 
-    from ..answers.rewards import verified_answer_reward
-
     tokenizer = trainer.processing_class
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in dataset["prompt"]]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
     completions = [o.outputs[0].text for o in outputs]
-    extra = {"rg_entry": dataset["rg_entry"]} if "rg_entry" in dataset.column_names else {}
-    rewards = verified_answer_reward(completions, dataset["answer"], dataset["answer_kind"], **extra)
-    outcomes = [r == 1.0 for r in rewards]
+    outcomes = _correct(completions, dataset, 1)
     return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)
 
 
@@ -139,8 +135,6 @@ def sampled_accuracy(trainer, dataset, max_tokens: int, *, n: int, temperature: 
     """
     from vllm import SamplingParams
 
-    from ..rewards import verified_answer_reward
-
     if n < 1 or not temperature > 0:
         raise ValueError(f"avg@n needs n >= 1 and temperature > 0 (got n={n}, temperature={temperature}); use "
                          "greedy_accuracy for temperature 0.")
@@ -149,12 +143,8 @@ def sampled_accuracy(trainer, dataset, max_tokens: int, *, n: int, temperature: 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, n=n, seed=seed)
     outputs = trainer.vllm_generation.llm.generate(texts, sampling_params=params, use_tqdm=False)
     completions = [c.text for o in outputs for c in o.outputs]
-    repeat = lambda column: [v for v in dataset[column] for _ in range(n)]  # noqa: E731
-    extra = {"rg_entry": repeat("rg_entry")} if "rg_entry" in dataset.column_names else {}
-    rewards = verified_answer_reward(completions, repeat("answer"), repeat("answer_kind"), **extra)
-    scores = [sum(r == 1.0 for r in rewards[i * n:(i + 1) * n]) / n for i in range(len(texts))]
-    return SampledResult(scores, n, temperature)
-
+    correct = _correct(completions, dataset, n)
+    return SampledResult([sum(correct[i * n:(i + 1) * n]) / n for i in range(len(texts))], n, temperature)
 
 
 @torch.no_grad()
@@ -177,13 +167,17 @@ def learner_accuracy(trainer, dataset, max_tokens: int, *, n: int = 1, temperatu
 
     Raises:
         ValueError: ``temperature == 0`` with ``n > 1``, or ``n < 1``.
+        NotImplementedError: an FSDP or DeepSpeed trainer (the learner is not whole on the rank): single process
+            or DDP only.
     """
-    from ..answers.rewards import verified_answer_reward
     from .backends import TransformersBackend
 
     if n < 1 or (temperature == 0 and n > 1):
         raise ValueError(f"learner_accuracy takes n >= 1, and n == 1 when greedy (got n={n}, temperature="
                          f"{temperature}).")
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False):
+        raise NotImplementedError("learner_accuracy generates with the whole learner on this rank: run it in a "
+                                  "single process or under DDP, not FSDP or DeepSpeed.")
     tokenizer = trainer.processing_class
     model = trainer.accelerator.unwrap_model(trainer.model)
     # the text the sampler is given (greedy_accuracy), tokenised as vLLM tokenises a text prompt (special tokens added)
@@ -199,11 +193,17 @@ def learner_accuracy(trainer, dataset, max_tokens: int, *, n: int = 1, temperatu
                        for c in group]
     finally:
         model.train(was_training)
+    if temperature == 0:
+        outcomes = _correct(completions, dataset, 1)
+        return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)
+    correct = _correct(completions, dataset, n)
+    return SampledResult([sum(correct[i * n:(i + 1) * n]) / n for i in range(len(prompt_ids))], n, temperature)
+
+
+def _correct(completions: list[str], dataset, n: int) -> list[bool]:
+    """Whether each completion (``n`` per row of ``dataset``, row-major) earns the verified-answer reward 1.0."""
+    from ..answers.rewards import verified_answer_reward
+
     repeat = lambda column: [v for v in dataset[column] for _ in range(n)]  # noqa: E731
     extra = {"rg_entry": repeat("rg_entry")} if "rg_entry" in dataset.column_names else {}
-    rewards = verified_answer_reward(completions, repeat("answer"), repeat("answer_kind"), **extra)
-    if temperature == 0:
-        outcomes = [r == 1.0 for r in rewards]
-        return HeldOutResult(sum(outcomes), len(outcomes), outcomes, completions)
-    scores = [sum(r == 1.0 for r in rewards[i * n:(i + 1) * n]) / n for i in range(len(prompt_ids))]
-    return SampledResult(scores, n, temperature)
+    return [r == 1.0 for r in verified_answer_reward(completions, repeat("answer"), repeat("answer_kind"), **extra)]

@@ -31,7 +31,8 @@ def rules_text() -> list[str]:
         f"{' / '.join(FINITE_KEYS)}, or its final "
         f"held-out accuracy is <= {COLLAPSE_RATIO:g} x its step-0 accuracy (only when step-0 accuracy > 0).",
         "- **reward AUC**: normalised area under the training-reward curve = the mean over the optimizer steps "
-        "that generated (every step, or every `num_iterations`-th) of the step's mean reward (weighted sum: 1.0 x accuracy + 0.2 x answer-then-stop, so in [0, 1.2]).",
+        "that generated (every step, or every `num_iterations`-th) of the step's mean reward (weighted sum: 1.0 x "
+        "accuracy + 0.2 x answer-then-stop, so in [0, 1.2]).",
         "- **held-out accuracy**: greedy, the run's own sampler synced to the learner; *final* at the last step, "
         "*best* over every evaluation including step 0; a failed run keeps its last evaluation.",
         "- **k3 KL**: `triage/k3_kl` = mean over tokens of e^gap - 1 - gap, gap = learner - sampler log-prob "
@@ -44,6 +45,13 @@ def rules_text() -> list[str]:
 def training_records(history: list[dict]) -> list[dict]:
     """The per-step training records of a log history (those with a ``reward``), in step order."""
     return sorted((h for h in history if "reward" in h and "step" in h), key=lambda h: h["step"])
+
+
+def every_step_series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over every record that logged it with a step (e.g. the grad norm, logged at
+    every optimizer step, where rewards and k3 come only with the steps that generated), in step order."""
+    records = sorted((h for h in history if key in h and "step" in h), key=lambda h: h["step"])
+    return [h["step"] for h in records], [float(h[key]) for h in records]
 
 
 def step_series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -108,9 +116,7 @@ def run_metrics(summary: dict, history: list[dict]) -> dict:
     _, rewards = step_series(history, "reward")
     _, k3 = step_series(history, "triage/k3_kl")
     k3_finite = [v for v in k3 if math.isfinite(v)]
-    # every optimizer step's grad norm; rewards and k3 only where a step generated (see run_collapse)
-    grad_norms = [float(h["grad_norm"]) for h in sorted((h for h in history if "grad_norm" in h and "step" in h),
-                                                         key=lambda h: h["step"])]
+    _, grad_norms = every_step_series(history, "grad_norm")
     status = summary.get("status", "missing")
     return {
         "step0_acc": accuracies[0] if accuracies else math.nan,
@@ -344,8 +350,7 @@ def run_collapse(history: list[dict]) -> dict:
     at rollout steps only when a rollout serves several updates; the grad norm at every step)."""
     steps, k3 = step_series(history, "triage/k3_kl")
     reward_steps, rewards = step_series(history, "reward")
-    grad_steps = [h["step"] for h in history if "grad_norm" in h and "step" in h]
-    grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h and "step" in h]
+    grad_steps, grad_norms = every_step_series(history, "grad_norm")
     verdict = collapse_by_rule(rewards, k3, grad_norms)
     if verdict["collapsed"]:  # the series index -> the optimizer step it was logged at
         series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}[verdict["reason"]]

@@ -54,17 +54,20 @@ def _pyplot():
     return plt
 
 
-def _draw(ax, histories, key, label, color, smooth: int = 0):
+def _draw(ax, histories, key, label, color, smooth: int = 0) -> bool:
+    """Draw ``key``'s mean over seeds (and its band); ``smooth``: a window, applied to a long enough series.
+    Returns whether the series was smoothed."""
     steps, mean, low, high = seed_band(histories, key)
-    if not steps:
-        return False
-    if smooth and len(steps) >= SMOOTH_MIN_POINTS:
+    smoothed = bool(smooth) and len(steps) >= SMOOTH_MIN_POINTS
+    if smoothed:
         steps = steps[smooth - 1:]
         mean, low, high = (moving_mean(x, smooth) for x in (mean, low, high))
+    if not steps:
+        return False
     ax.plot(steps, mean, color=color, label=label, marker="o" if len(steps) < 30 else None, markersize=3)
     if len(histories) > 1:
         ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
-    return True
+    return smoothed
 
 
 def write_overlay(runs: dict[str, list[list[dict]]], path: str,
@@ -82,8 +85,7 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
             n = len(histories)
             color = colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
             smooth = COLLAPSE_REWARD_WINDOW if key == "reward" else 0
-            _draw(ax, histories, key, f"{name} (n={n})", color, smooth)
-            smoothed |= bool(smooth) and len(seed_band(histories, key)[0]) >= SMOOTH_MIN_POINTS
+            smoothed |= _draw(ax, histories, key, f"{name} (n={n})", color, smooth)
             for step in (collapse_steps or {}).get(name, []):
                 ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
         log = key in LOG_PANELS

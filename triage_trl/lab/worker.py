@@ -54,6 +54,7 @@ def scores_learner_weights(args) -> bool:
     weights do not."""
     return args.learner_precision == "bf16" and args.sampler_precision == "nvfp4"
 
+
 def keep_records_up_to(path: str, step: int) -> None:
     """Rewrite a jsonl log keeping the records of steps ``<= step`` (and those without a step): a run resumed from
     the checkpoint of ``step`` logs the later steps again."""

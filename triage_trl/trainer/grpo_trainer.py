@@ -196,8 +196,8 @@ class TriageGRPOTrainer(GRPOTrainer):
 
     def sync_sampler(self) -> None:
         """Load the learner's current weights into the vLLM sampler (re-quantised for NVFP4); the sampler then runs
-        the trainer's scale push and, after the first sync and every ``args.sync_probe_every``-th, the sync probe. Call it before using ``self.vllm_generation.llm`` directly (e.g. a
-        held-out evaluation between steps).
+        the trainer's scale push and, after the first sync and every ``args.sync_probe_every``-th, the sync probe.
+        Call it before using ``self.vllm_generation.llm`` directly (e.g. a held-out evaluation between steps).
 
         Raises:
             StaleSamplerError: the sampler is stale, partially synced or corrupt (``sync_probe.classify_probe``);
