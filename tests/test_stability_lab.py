@@ -30,9 +30,10 @@ def _lab_module():
 # ---------------------------------------------------------------- registry and settings
 
 def test_registry_order_and_names():
-    assert list(CONFIGS)[:9] == ["bf16", "nvfp4_naive", "nvfp4_tis", "nvfp4_seq_mask", "nvfp4_opsm", "triage",
-                                 "direction_blind", "effective_step", "bf16_learner_nvfp4_sampler"]
-    assert list(CONFIGS)[9:] == ["triage_no_rebalance", "triage_no_repair", "triage_repair_mask", "triage_scope_tail",
+    assert list(CONFIGS)[:12] == ["bf16", "nvfp4_naive", "nvfp4_tis", "nvfp4_seq_mask", "nvfp4_opsm", "triage",
+                                  "direction_blind", "effective_step", "bf16_learner_nvfp4_sampler",
+                                  "bf16_learner_tis", "bf16_learner_opsm", "bf16_learner_triage"]
+    assert list(CONFIGS)[12:] == ["triage_no_rebalance", "triage_no_repair", "triage_repair_mask", "triage_scope_tail",
                                  "triage_fixed_segments"]
     assert all(c.description for c in CONFIGS.values())
 
@@ -52,7 +53,7 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
         assert config.max_steps == settings["max_steps"] and config.learning_rate == settings["learning_rate"]
         assert config.per_device_train_batch_size == settings["prompts_per_step"] * settings["num_generations"]
         assert config.num_iterations == settings["num_iterations"]
-        if name == "bf16_learner_nvfp4_sampler":
+        if name.startswith("bf16_learner"):
             assert (config.learner_precision, config.sampler_precision) == ("bf16", "nvfp4")
             continue
         expected = "bf16" if name == "bf16" else "nvfp4"
@@ -69,7 +70,15 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
         == (True, "sequence_mask", 3.0, None)
     assert "sequence_mask" in CONFIGS["nvfp4_seq_mask"].description and "3.0" in CONFIGS["nvfp4_seq_mask"].description
     assert built["nvfp4_opsm"].off_policy_mask_threshold == OPSM_THRESHOLD == 0.5
-    assert all(built[n].off_policy_mask_threshold is None for n in CONFIGS if n != "nvfp4_opsm")
+    opsm = ("nvfp4_opsm", "bf16_learner_opsm")
+    assert all(built[n].off_policy_mask_threshold == OPSM_THRESHOLD for n in opsm)
+    assert all(built[n].off_policy_mask_threshold is None for n in CONFIGS if n not in opsm)
+    # the corrections on the bf16-learner arm: the same correction fields as on the NVFP4 learner
+    correction = ("triage_mode", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                  "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "off_policy_mask_threshold")
+    for bf16_arm, nvfp4_arm in (("bf16_learner_tis", "nvfp4_tis"), ("bf16_learner_opsm", "nvfp4_opsm"),
+                                ("bf16_learner_triage", "triage")):
+        assert [getattr(built[bf16_arm], f) for f in correction] == [getattr(built[nvfp4_arm], f) for f in correction]
     for name in ("nvfp4_opsm", "effective_step", "bf16_learner_nvfp4_sampler"):  # plain GRPO loss, TRIAGE measures
         assert built[name].triage_mode == "diagnose" and not built[name].vllm_importance_sampling_correction, name
     blind = built["direction_blind"]
@@ -78,7 +87,7 @@ def test_every_configuration_builds_a_valid_config(scale, tmp_path):
     assert all(built[n].triage_direction == "aware" for n in CONFIGS if n != "direction_blind")
     assert CONFIGS["effective_step"].learning_rate_from == "triage"
     assert list(CONFIGS).index("triage") < list(CONFIGS).index("effective_step")  # seed-major: triage runs first
-    full = [n for n in CONFIGS if n.startswith("triage")]
+    full = [n for n in CONFIGS if n.startswith("triage") or n == "bf16_learner_triage"]
     assert all(built[n].triage_mode == "full" and not built[n].vllm_importance_sampling_correction for n in full)
     assert built["triage_no_rebalance"].triage_rebalance_floor == 1.0
     assert built["triage_no_repair"].triage_repair_mode == "none"

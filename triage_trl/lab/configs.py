@@ -27,6 +27,9 @@ NVFP4 = {"learner_precision": "nvfp4", "sampler_precision": "nvfp4"}
 BF16_BOTH = {"learner_precision": "bf16", "sampler_precision": "bf16"}
 TRIAGE_FULL = {**NVFP4, "triage_mode": "full"}
 NAIVE = {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}
+BF16_LEARNER = {"learner_precision": "bf16", "sampler_precision": "nvfp4"}
+TIS = {"triage_mode": "diagnose", "vllm_importance_sampling_correction": True,
+       "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0}
 OPSM_THRESHOLD = 0.5
 """``off_policy_mask_threshold`` of ``nvfp4_opsm`` (nats/token): DeepSeek-V3.2's delta, TRL's documented example
 value. A negative-advantage completion is dropped when its mean sampler-over-learner log-ratio exceeds it. That mean
@@ -96,8 +99,7 @@ _REGISTRY = [
               dict(NAIVE)),
     LabConfig("nvfp4_tis", "(c) NVFP4 + TRL token-level truncated importance sampling: ratio "
               "exp(learner - sampler log-prob) per token, clipped at 2.0 (token_truncate, clip_max=2)",
-              {**NVFP4, "triage_mode": "diagnose", "vllm_importance_sampling_correction": True,
-               "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0}),
+              {**NVFP4, **TIS}),
     LabConfig("nvfp4_seq_mask", "(d) NVFP4 + TRL 1.16's default correction: sequence_mask, the sequence ratio "
               "exp(sum of per-token log-ratios) zeroes a completion above clip_max=3.0 (clip_min unset: no lower "
               "bound)",
@@ -116,8 +118,17 @@ _REGISTRY = [
               learning_rate_from="triage"),
     LabConfig("bf16_learner_nvfp4_sampler", "(i) full-precision learner (float32 on CPU, bf16 on GPU) + NVFP4 "
               "sampler, plain GRPO loss: QUADS's configuration; the learner's own weights carry no quantisation "
-              "cost", {"learner_precision": "bf16", "sampler_precision": "nvfp4", "triage_mode": "diagnose",
-                       "vllm_importance_sampling_correction": False}),
+              "cost", {**BF16_LEARNER, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False}),
+    # The corrections on (i): the one configuration whose mismatch is all the sampler's (the learner computes in
+    # full precision), so any difference from (i) is the objective's (docs/stability.md, E2).
+    LabConfig("bf16_learner_tis", "(i) + (c): the full-precision learner and NVFP4 sampler of (i), corrected by "
+              "TRL's token-level truncated importance sampling (token_truncate, clip_max=2)", {**BF16_LEARNER, **TIS}),
+    LabConfig("bf16_learner_opsm", f"(i) + (f): the learner and sampler of (i), corrected by TRL's off-policy "
+              f"sequence masking at off_policy_mask_threshold={OPSM_THRESHOLD}",
+              {**BF16_LEARNER, "triage_mode": "diagnose", "vllm_importance_sampling_correction": False,
+               "off_policy_mask_threshold": OPSM_THRESHOLD}),
+    LabConfig("bf16_learner_triage", "(i) + (e): the learner and sampler of (i), with TRIAGE full (spec defaults)",
+              {**BF16_LEARNER, "triage_mode": "full", "vllm_importance_sampling_correction": False}),
     LabConfig("triage_no_rebalance", "(e) without rebalancing: triage_rebalance_floor=1.0 makes beta = 1 (no "
               "dedicated switch); repair unchanged", {**TRIAGE_FULL, "triage_rebalance_floor": 1.0}, ablation=True),
     LabConfig("triage_no_repair", "(e) without repair: triage_repair_mode='none'; rebalancing unchanged",
