@@ -168,6 +168,30 @@ def test_run_collapse_reports_the_optimizer_step(tmp_path):
     assert os.path.getsize(path) > 10_000
 
 
+def test_the_overlay_draws_the_fixed_probe_k3_on_its_own_log_panel(tmp_path, monkeypatch):
+    from triage_trl.lab import plots
+
+    history = [{"step": s, "reward": 0.5, "triage/k3_kl": 0.1, "entropy": 0.3} for s in range(1, 11)]
+    probe = [{"step": 0, "k3": 0.5}, {"step": 5, "k3": 2.0}, {"step": 10, "k3": 40.0}, {"step": 10, "tokens": 3}]
+    merged = plots.with_fixed_probe(history, probe)
+    assert merged[:10] == history and merged[10:] == [{"step": 0, plots.PROBE_K3: 0.5},
+                                                      {"step": 5, plots.PROBE_K3: 2.0},
+                                                      {"step": 10, plots.PROBE_K3: 40.0}]
+    assert plots.with_fixed_probe(history, None) == history
+    drawn = {}
+    real_draw = plots._draw
+
+    def spy(ax, histories, key, label, color, smooth=0):
+        out = real_draw(ax, histories, key, label, color, smooth)
+        drawn[key] = (ax.lines[-1].get_xdata().tolist(), ax.lines[-1].get_ydata().tolist()) if ax.lines else None
+        return out
+
+    monkeypatch.setattr(plots, "_draw", spy)
+    plots.write_overlay({"bf16_learner_nvfp4_sampler@stress": [merged]}, str(tmp_path / "overlay.png"))
+    assert drawn[plots.PROBE_K3] == ([0, 5, 10], [0.5, 2.0, 40.0])
+    assert plots.PROBE_K3 in plots.LOG_PANELS and [k for k, _, _ in plots.OVERLAY_PANELS][2] == plots.PROBE_K3
+
+
 def test_moving_mean_reads_full_windows_as_the_collapse_rule():
     from triage_trl.lab.plots import moving_mean
 

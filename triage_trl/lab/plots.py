@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 
-from .metrics import COLLAPSE_REWARD_WINDOW, step_series
+from .metrics import COLLAPSE_REWARD_WINDOW, every_step_series, step_series
 
+PROBE_K3 = "fixed_probe/k3"
+"""The overlay's key for the fixed probe's k3 (``lab.probe``: the same completions re-scored by both engines every
+``probe_every`` steps), merged into a run's history by :func:`with_fixed_probe`."""
 OVERLAY_PANELS = (("reward", "Training reward (mean over completions)",
                    "reward (weighted sum of the run's reward functions)"),
-                  ("triage/k3_kl", "Learner-sampler mismatch: k3 KL", "nats / token"),
+                  ("triage/k3_kl", "Learner-sampler mismatch: k3 KL, training batch", "nats / token"),
+                  (PROBE_K3, "Learner-sampler mismatch: k3 KL, fixed probe", "nats / token"),
                   ("entropy", "Policy entropy (TRL's, sampled completions)", "nats / token"))
-LOG_PANELS = frozenset({"triage/k3_kl", "entropy"})
+LOG_PANELS = frozenset({"triage/k3_kl", PROBE_K3, "entropy"})
 SMOOTH_MIN_POINTS = 3 * COLLAPSE_REWARD_WINDOW
 """A reward series with at least this many points is drawn as its ``COLLAPSE_REWARD_WINDOW``-point moving mean (the
 collapse rule's, from the first full window on), shorter ones as logged."""
@@ -28,10 +32,12 @@ def moving_mean(values: list[float], window: int) -> list[float]:
 
 def seed_values_by_step(histories: list[list[dict]], key: str) -> dict[int, list[float]]:
     """``{step: [the finite values of key, one per seed that logged it]}``: the lab's one per-step aggregation over
-    seeds (the figures' bands and the observations' means)."""
+    seeds (the figures' bands and the observations' means), over the training records (the fixed probe's
+    :data:`PROBE_K3` over its own records)."""
+    series = every_step_series if key == PROBE_K3 else step_series
     by_step: dict[int, list[float]] = {}
     for history in histories:
-        for step, value in zip(*step_series(history, key)):
+        for step, value in zip(*series(history, key)):
             if math.isfinite(value):
                 by_step.setdefault(step, []).append(value)
     return by_step
@@ -43,6 +49,12 @@ def seed_band(histories: list[list[dict]], key: str) -> tuple[list[int], list[fl
     steps = sorted(by_step)
     return (steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
             [max(by_step[s]) for s in steps])
+
+
+def with_fixed_probe(history: list[dict], probe: list[dict]) -> list[dict]:
+    """``history`` plus one record ``{"step", PROBE_K3}`` per fixed-probe record (``fixed_probe.jsonl``: ``step``,
+    ``k3`` in nats/token), for :func:`write_overlay`."""
+    return [*history, *({"step": p["step"], PROBE_K3: p["k3"]} for p in probe or [] if "k3" in p)]
 
 
 def _pyplot():
@@ -72,13 +84,14 @@ def _draw(ax, histories, key, label, color, smooth: int = 0) -> bool:
 
 def write_overlay(runs: dict[str, list[list[dict]]], path: str,
                   collapse_steps: dict[str, list[int]] | None = None) -> str:
-    """Reward, k3 KL and policy entropy (both log scale) against the optimizer step for every configuration (one
+    """Reward, the training batch's and the fixed probe's k3 KL and policy entropy (log scale) against the
+    optimizer step for every configuration (one
     colour each; a reward series of :data:`SMOOTH_MIN_POINTS` points or more as the collapse rule's moving mean); a
     ``collapse_steps[name]`` step (one per collapsed seed, :func:`triage_trl.lab.metrics.run_collapse`) is drawn as a
     dotted vertical line in the configuration's colour on every panel; returns ``path``."""
     plt = _pyplot()
     colors = plt.get_cmap("tab20").colors
-    fig, axes = plt.subplots(1, len(OVERLAY_PANELS), figsize=(19, 4.8), dpi=100)
+    fig, axes = plt.subplots(1, len(OVERLAY_PANELS), figsize=(24, 4.8), dpi=100)
     smoothed = False
     for ax, (key, title, ylabel) in zip(axes, OVERLAY_PANELS):
         for i, (name, histories) in enumerate(runs.items()):
@@ -103,7 +116,7 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
     if not handles:
         handles, labels = axes[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.tight_layout(rect=(0, 0, 0.89, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

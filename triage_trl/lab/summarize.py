@@ -9,7 +9,8 @@ Reads every finished run (``LAB_DIR/runs/<config>@<dose>/seed<S>/run_summary.jso
   training batch and on the fixed probe; the pre-registered collapse rule per seed); per dose, the runs against
   bf16 and the goal (:data:`GOAL_RATIO`); the descriptions, one row per run, and the paper's observations measured on
   ``nvfp4_naive`` (NA vs PA tail-token counts over the first steps, tail concentration per step);
-- ``overlay.png``: reward and k3 KL against the optimizer step for all configurations (:mod:`.plots`);
+- ``overlay.png``: reward, k3 KL (training batch and fixed probe) and entropy against the optimizer step for all
+  configurations (:mod:`.plots`);
 - ``observations_<dose>.png``: the observations' curves, one per dose of ``nvfp4_naive``.
 """
 
@@ -25,7 +26,7 @@ from ..runtime.run_logs import read_log_history, read_records
 from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
 from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_collapse,
                       run_metrics, step_series)
-from .plots import seed_values_by_step, write_observations, write_overlay
+from .plots import seed_values_by_step, with_fixed_probe, write_observations, write_overlay
 
 RESULTS = "results.md"
 OBSERVED_CONFIG = "nvfp4_naive"
@@ -303,9 +304,10 @@ def summarize(lab_dir: str) -> str:
     lines += ["", "## Runs", ""] + _per_run(runs)
     collapse_steps = {name: [c["step"] for c in (run_collapse(r["history"]) for r in rows) if c["collapsed"]]
                       for name, rows in runs.items()}
-    write_overlay({name: [r["history"] for r in rows] for name, rows in runs.items()},
+    write_overlay({name: [with_fixed_probe(r["history"], r.get("probe")) for r in rows] for name, rows in runs.items()},
                   os.path.join(lab_dir, "overlay.png"), collapse_steps)
-    lines += ["", "## Plots", "", "![reward and k3 KL, all configurations](overlay.png)", "",
+    lines += ["", "## Plots", "",
+              "![reward, k3 KL (training batch, fixed probe) and entropy, all configurations](overlay.png)", "",
               "Per run: `runs/<configuration>/seed<S>/plots/*.png` (`triage-report`)."]
     observed = [label for label in runs if split_label(label)[0] == OBSERVED_CONFIG]
     lines += ["", "## The paper's observations", ""]
