@@ -606,3 +606,68 @@ def test_a_stored_step0_record_without_the_learner_scores_is_not_reused_by_a_run
     write_step0(str(tmp_path), "abc", {"step": 0, "outcomes": [1, 0], "learner_outcomes": [1, 1]}, "x seed 0")
     assert read_step0(str(tmp_path), "abc", learner=True)["learner_outcomes"] == [1, 1]
     assert read_step0(str(tmp_path), "missing") is None
+
+
+def test_the_fixed_probe_calibrates_the_hot_dose_on_its_fixed_text(tiny_qwen3_dir):
+    """E3: the dose on the probe's tokens is the learner at T against itself at factor x T (one forward), 0 at
+    factor 1, growing with the factor; the probe records it beside the engines' k3 at the next rollout's factor."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from triage_trl.lab.hot_sampler import ramp
+    from triage_trl.lab.probe import FixedProbe, learner_logps, pad_batch, temperature_dose
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir).eval()
+    batch = pad_batch([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], pad_token_id=0)
+    assert temperature_dose(model, batch, 1.0, 1.0) == {"k3": 0.0, "gap_mean": 0.0, "p99_abs_gap": 0.0}
+    doses = [temperature_dose(model, batch, 0.7, f)["k3"] for f in (1.15, 1.3)]
+    assert 0 < doses[0] < doses[1]
+    # the same number from two separate forwards, by hand
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    cold, hot = (learner_logps(model, ids, att, 4, t) for t in (0.7, 0.7 * 1.3))
+    gap = (cold - hot)[batch["completion_mask"].bool()].double()
+    assert doses[1] == pytest.approx(float((torch.expm1(gap) - gap).mean()), rel=1e-6)
+
+    records = []
+    probe = FixedProbe(_Rows(2), every=5, max_tokens=4, temperature=0.7,
+                       on_result=records.append, sampler_factor=lambda step: ramp(step + 1, 10, 1.0, 1.3))
+    trainer = SimpleNamespace(model=model, sync_sampler=lambda: None,
+                              vllm_generation=SimpleNamespace(score_logps=lambda seqs, temperature: [
+                                  [-1.0] * (len(s) - 1) for s in seqs]))
+    probe.trainer, probe.batch = trainer, batch
+    record = probe.measure(9)
+    assert record["dose_factor"] == pytest.approx(1.3)
+    assert record["dose_k3"] == pytest.approx(doses[1])
+    assert records == [record] and record["tokens"] == 6 and math.isfinite(record["k3"])
+
+
+class _Rows:
+    """A stand-in for a datasets.Dataset of ``n`` rows (FixedProbe only selects from it before capture)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def select(self, indices):
+        return self
+
+
+def test_summary_reports_the_hot_dose_calibrated_on_the_fixed_probe(tmp_path):
+    hist = _history([0.5] * 3, na=[3, 2, 1], pa=[1, 1, 1], conc=[0.5] * 3)
+    for seed, last in ((0, 0.02), (1, 0.04)):
+        _write_run(tmp_path, "triage", seed, hist, _held_out(0.6, 0.6), dose="hot_1.3")
+        with open(os.path.join(run_path(str(tmp_path), "triage", seed, "hot_1.3"), "fixed_probe.jsonl"), "w") as f:
+            for record in ({"step": 0, "k3": 1e-10, "dose_factor": 1.0, "dose_k3": 0.0},
+                           {"step": 3, "k3": 2e-10, "dose_factor": 1.3, "dose_k3": last}):
+                f.write(json.dumps(record) + "\n")
+    _write_run(tmp_path, "triage", 0, hist, _held_out(0.6, 0.6), dose="stress")  # no hot sampler: no calibration
+    text = open(summarize(str(tmp_path))).read()
+    hot = text.split("### Dose `hot_1.3`")[1].split("###")[0]
+    assert "- `triage@hot_1.3`: 0.0000 (x1.00, step 0) -> 0.0300 (x1.30, step 3), 2 seed(s)" in hot
+    assert "Calibration on the fixed probe" not in text.split("### Dose `stress`")[1].split("###")[0]

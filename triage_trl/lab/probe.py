@@ -23,14 +23,44 @@ def learner_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                   rows: int = 4) -> torch.Tensor:
     """(B, keep) log-probs (nats) of the last ``keep`` tokens under the learner at ``temperature``: the model's own
     forward (TRL's fused head bakes in the sampling temperature), ``rows`` sequences at a time."""
+    return learner_logps_at(model, input_ids, attention_mask, keep, (temperature,), rows)[0]
+
+
+@torch.no_grad()
+def learner_logps_at(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
+                     temperatures: tuple[float, ...], rows: int = 4) -> torch.Tensor:
+    """(len(temperatures), B, keep): :func:`learner_logps` at each temperature, from one forward."""
     out = []
     for start in range(0, input_ids.size(0), rows):
         ids, attention = input_ids[start:start + rows], attention_mask[start:start + rows]
         # logits_to_keep: the LM head runs only on the positions that predict the kept tokens
         logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits
-        logits = logits[:, -keep - 1:-1].float() / temperature
-        out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -keep:, None]).squeeze(-1))
-    return torch.cat(out)
+        logits = logits[:, -keep - 1:-1].float()
+        targets = ids[:, -keep:, None]
+        out.append(torch.stack([torch.log_softmax(logits / t, dim=-1).gather(-1, targets).squeeze(-1)
+                                for t in temperatures]))
+    return torch.cat(out, dim=1)
+
+
+def temperature_dose(model, batch: dict, temperature: float, factor: float) -> dict:
+    """E3's dose on fixed text: the learner's log-probs of a batch's completion tokens at ``temperature`` (the
+    learner's) against its own at ``factor x temperature`` (the hot sampler's), as
+    :func:`triage_trl.lab.mechanism.mismatch_stats` of that pair: ``{"k3", "gap_mean", "p99_abs_gap"}`` (nats/token;
+    p99 in nats). At the hot doses both engines compute in bf16 and agree to a k3 of about 1e-10 (the ``bf16``
+    arm's fixed probe), so this is the temperature's share of the learner-sampler mismatch on the probe's tokens.
+
+    Args:
+        batch: TRL's rollout layout (:func:`pad_batch`).
+        factor: >= 1 (:func:`triage_trl.lab.hot_sampler.ramp`).
+    """
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    keep = batch["completion_ids"].size(1)
+    learner, hot = learner_logps_at(model, input_ids, attention, keep, (temperature, factor * temperature))
+    mask = batch["completion_mask"].bool()
+    empty = {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")}
+    stats = mismatch_stats(learner, hot, mask, empty)
+    return {k: stats[k] for k in ("k3", "gap_mean", "p99_abs_gap")}
 
 
 @torch.no_grad()
@@ -83,7 +113,9 @@ class FixedProbe(TrainerCallback):
 
     :meth:`capture` (step 0, after a sync) samples one completion per prompt of ``dataset`` from the sampler at
     ``temperature`` (vLLM seed ``seed``); :meth:`measure` syncs the sampler and re-scores them with both engines at
-    temperature 1. Each record: ``{"step", "k3", "gap_mean", "p99_abs_gap", "tokens"}`` (nats/token; p99 in nats).
+    temperature 1. Each record: ``{"step", "k3", "gap_mean", "p99_abs_gap", "tokens"}`` (nats/token; p99 in nats);
+    with ``sampler_factor`` (E3's hot doses) also ``"dose_factor"`` and ``"dose_k3"`` (:func:`temperature_dose` at
+    the factor of the rollout after that step: the dose calibrated on the probe's fixed text).
 
     Launch configurations: single process with colocated vLLM (the lab's); not under DDP/FSDP2/ZeRO or server mode.
 
@@ -91,15 +123,17 @@ class FixedProbe(TrainerCallback):
         dataset: rows with a chat ``prompt`` (the first ``prompts`` are used).
         every: measure every this many optimizer steps.
         on_result: called with each record.
+        sampler_factor: E3: ``step -> the factor`` by which the sampler's temperature exceeds the learner's at the
+            rollout after optimizer step ``step`` (``hot_sampler.ramp``); ``None`` (no hot sampler): no dose fields.
     """
 
     def __init__(self, dataset, *, every: int, max_tokens: int, temperature: float, prompts: int = 16, seed: int = 0,
-                 on_result: Callable | None = None):
+                 on_result: Callable | None = None, sampler_factor: Callable[[int], float] | None = None):
         if every < 1 or prompts < 1:
             raise ValueError(f"FixedProbe needs every >= 1 and prompts >= 1 (got every={every}, prompts={prompts}).")
         self.dataset = dataset.select(range(min(prompts, len(dataset))))
         self.every, self.max_tokens, self.temperature, self.seed = every, max_tokens, temperature, seed
-        self.on_result = on_result
+        self.on_result, self.sampler_factor = on_result, sampler_factor
         self.trainer = None
         self.batch: dict | None = None
         self.records: list[dict] = []
@@ -129,13 +163,18 @@ class FixedProbe(TrainerCallback):
         self.trainer.model.eval()
         try:
             learner, sampler = rescore(self.trainer, self.batch, 1.0)
+            dose = None
+            if self.sampler_factor is not None:
+                factor = float(self.sampler_factor(step))
+                dose = {"dose_factor": factor,
+                        "dose_k3": temperature_dose(self.trainer.model, self.batch, self.temperature, factor)["k3"]}
         finally:
             self.trainer.model.train(was_training)
         mask = self.batch["completion_mask"].bool()
         empty = {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")}
         stats = mismatch_stats(learner, sampler, mask, empty)
         record = {"step": step, "k3": stats["k3"], "gap_mean": stats["gap_mean"],
-                  "p99_abs_gap": stats["p99_abs_gap"], "tokens": int(mask.sum())}
+                  "p99_abs_gap": stats["p99_abs_gap"], "tokens": int(mask.sum()), **(dose or {})}
         self.records.append(record)
         if self.on_result is not None:
             self.on_result(record)

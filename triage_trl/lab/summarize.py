@@ -221,8 +221,33 @@ def _dose_md(runs: dict[str, list[dict]], doses: list[str]) -> list[str]:
                       f"{_num(goal['ratio'], '.3f')} (goal >= {GOAL_RATIO:g}), "
                       f"collapsed {goal['collapsed']}/{goal['n']}, "
                       f"{_num(goal['over_naive'] * 100, '+.1f')} points over naive NVFP4."]
+        lines += _dose_calibration_md(runs, dose)
         lines.append("")
     return lines
+
+
+def _dose_calibration_md(runs: dict[str, list[dict]], dose: str) -> list[str]:
+    """E3: each run's dose on the fixed probe's text (``dose_k3`` of ``fixed_probe.jsonl``), first and last record,
+    mean over seeds; nothing for a dose without a hot sampler."""
+    if dose not in DOSES or DOSES[dose].sampler_temperature is None:
+        return []
+    lines = []
+    for label, rows in runs.items():
+        if split_label(label)[1] != dose:
+            continue
+        series = [[p for p in r.get("probe") or [] if "dose_k3" in p] for r in rows]
+        series = [s for s in series if s]
+        if not series:
+            continue
+        ends = [(mean_std([s[i]["dose_k3"] for s in series])[0], mean_std([s[i]["dose_factor"] for s in series])[0],
+                 series[0][i]["step"]) for i in (0, -1)]
+        lines.append(f"- `{label}`: " + " -> ".join(f"{k3:.4f} (x{factor:.2f}, step {step})" for k3, factor, step
+                                                     in ends) + f", {len(series)} seed(s)")
+    if not lines:
+        return []
+    return ["", "Calibration on the fixed probe's text (`dose_k3`: k3 of the learner at T against itself at factor x T "
+            "on the probe's tokens, nats/token, mean over seeds; both engines bf16, so this is the temperature's share "
+            "of the mismatch):", "", *lines]
 
 
 def observations(histories: list[list[dict]], first_steps: int = OBS_FIRST_STEPS) -> dict:

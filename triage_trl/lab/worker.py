@@ -74,17 +74,22 @@ FIXED_PROBE = "fixed_probe.jsonl"
 FIXED_PROBE_BATCH = "fixed_probe.pt"
 
 
-def start_fixed_probe(trainer, held_out, settings: dict, run_dir: str, *, resumed: bool):
+def start_fixed_probe(trainer, held_out, settings: dict, run_dir: str, *, resumed: bool,
+                      hot: tuple[float, float] | None = None):
     """The fixed probe of a run (:class:`triage_trl.lab.probe.FixedProbe`, every ``probe_every`` steps): its
     completions sampled once at step 0 (kept in ``fixed_probe.pt``, so a resumed run re-scores the same ones),
-    its records appended to ``fixed_probe.jsonl``."""
+    its records appended to ``fixed_probe.jsonl``. ``hot``: an E3 dose's ``(start, end)`` factors; the probe then
+    also records the dose on its fixed text (``FixedProbe``'s ``dose_k3``) at the factor of the next rollout."""
     import torch
 
+    from .hot_sampler import ramp
     from .probe import FixedProbe
 
+    max_steps = settings["max_steps"]
     probe = FixedProbe(held_out, every=settings["probe_every"], max_tokens=settings["max_completion_length"],
                        temperature=settings["temperature"],
-                       on_result=lambda record: _append_jsonl(os.path.join(run_dir, FIXED_PROBE), record))
+                       on_result=lambda record: _append_jsonl(os.path.join(run_dir, FIXED_PROBE), record),
+                       sampler_factor=(lambda step: ramp(step + 1, max_steps, *hot)) if hot else None)
     path = os.path.join(run_dir, FIXED_PROBE_BATCH)
     if resumed and os.path.exists(path):
         probe.trainer, probe.batch = trainer, torch.load(path)
@@ -188,7 +193,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
 
                 trainer.add_callback(HotSampler(trainer, *hot))
             if settings.get("probe_every"):
-                start_fixed_probe(trainer, held_out, settings, run_dir, resumed=resume is not None)
+                start_fixed_probe(trainer, held_out, settings, run_dir, resumed=resume is not None, hot=hot)
             timings["train_seconds"] = train_with_held_out(trainer, evaluator, resume)
         summary["status"] = "ok"
         from ..trainer.checkpoints import checkpoints
