@@ -384,3 +384,44 @@ def test_emulation_options_are_read_once_from_the_config():
     layer = NVFP4EmulatedLinear.from_linear(nn.Linear(32, 16), **options.layer_kwargs())
     assert (layer.compute_dtype, layer.compiled, layer.quantize_input) == (torch.float32, False, False)
     assert "quantize_input" not in options.layer_kwargs(experts=True)
+
+
+def test_the_trainer_pushes_the_sampler_scales_once_per_calibration(tiny_model_dir):
+    """After a sync the learner gets the sampler's scales when they are new (the first calibration, a
+    recalibration: a new dict), and no walk over the model happens for a sync that did not recalibrate."""
+    from types import SimpleNamespace
+
+    from triage_trl.trainer.grpo_trainer import TriageGRPOTrainer
+
+    model = _load(tiny_model_dir).float()
+    convert_to_nvfp4_learner(model, SAMPLER_SCALES)
+    q = model.model.layers[0].self_attn.q_proj
+    names = [n for n, m in model.named_modules() if isinstance(m, NVFP4EmulatedLinear)]
+    gen = SimpleNamespace(input_global_scales=None)
+    fake = SimpleNamespace(model=model, nvfp4_learner_report={}, vllm_generation=gen, _pushed_scales=None,
+                           args=SimpleNamespace(resolved_nvfp4_learner_scales="sampler"))
+    push = TriageGRPOTrainer._push_sampler_scales
+    push(fake)  # not calibrated yet: nothing to push
+    assert fake._pushed_scales is None
+    gen.input_global_scales = {n: torch.tensor(100.0) for n in names}
+    push(fake)
+    assert float(q.input_global_scale) == 100.0 and fake._pushed_scales is gen.input_global_scales
+    q.input_global_scale = torch.tensor(7.0)  # a push would overwrite this: the same dict pushes nothing
+    push(fake)
+    assert float(q.input_global_scale) == 7.0
+    gen.input_global_scales = {n: torch.tensor(200.0) for n in names}  # a recalibration
+    push(fake)
+    assert float(q.input_global_scale) == 200.0
+
+
+def test_is_moe_experts_reads_the_registered_3d_projections():
+    from triage_trl.nvfp4.experts import is_moe_experts
+
+    experts = nn.Module()
+    experts.gate_up_proj = nn.Parameter(torch.zeros(2, 8, 4))
+    assert not is_moe_experts(experts)  # down_proj missing
+    experts.down_proj = nn.Parameter(torch.zeros(2, 4, 4))
+    assert is_moe_experts(experts)
+    flat = nn.Module()
+    flat.gate_up_proj, flat.down_proj = nn.Parameter(torch.zeros(8, 4)), nn.Parameter(torch.zeros(4, 4))
+    assert not is_moe_experts(flat) and not is_moe_experts(nn.Linear(4, 4))

@@ -66,8 +66,10 @@ class ExpertProjection:
 
 def is_moe_experts(module: nn.Module) -> bool:
     """Whether ``module`` holds MoE experts as transformers 5's 3-D ``gate_up_proj`` and ``down_proj`` parameters."""
-    return all(isinstance(getattr(module, p, None), nn.Parameter) and getattr(module, p).dim() == 3
-               for p in PROJECTIONS)
+    # the registered parameters, not getattr: a module without them would raise (and catch) an AttributeError each,
+    # which made the export's walk over a dense model's modules cost ~25 ms a sync (SmolLM2 + LoRA)
+    params = module._parameters
+    return all(isinstance(params.get(p), nn.Parameter) and params[p].dim() == 3 for p in PROJECTIONS)
 
 
 def _unsupported_layout(module: nn.Module) -> str:

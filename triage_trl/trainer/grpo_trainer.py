@@ -117,6 +117,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.sync_probe_steps: list[int] = []  # the optimizer step of each probed sync
         self._syncs_seen = 0
         self._probe_prev = None  # (learner, sampler) log-probs of the previous probe
+        self._pushed_scales = None  # the sampler's scales dict the learner last received (a new dict per calibration)
         self._probe_bound = None  # (bound, what) once the engines are known
         self._drift_warned = 0.0
         self.nvfp4_learner_report = None
@@ -217,11 +218,15 @@ class TriageGRPOTrainer(GRPOTrainer):
         """With ``nvfp4_learner_scales="sampler"``: give the learner the sampler's activation scales."""
         if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
-        if self.vllm_generation.input_global_scales is None:  # calibrated at the first sync (sharded learners)
+        scales = self.vllm_generation.input_global_scales
+        # None: calibrated at the first sync (sharded learners); the same dict: already pushed (a calibration makes a
+        # new one), so a sync that does not recalibrate walks no module
+        if scales is None or scales is self._pushed_scales:
             return
         from ..nvfp4.learner import set_sampler_input_scales
 
-        set_sampler_input_scales(self.model, self.vllm_generation.input_global_scales)
+        set_sampler_input_scales(self.model, scales)
+        self._pushed_scales = scales
 
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
