@@ -671,3 +671,52 @@ def test_summary_reports_the_hot_dose_calibrated_on_the_fixed_probe(tmp_path):
     hot = text.split("### Dose `hot_1.3`")[1].split("###")[0]
     assert "- `triage@hot_1.3`: 0.0000 (x1.00, step 0) -> 0.0300 (x1.30, step 3), 2 seed(s)" in hot
     assert "Calibration on the fixed probe" not in text.split("### Dose `stress`")[1].split("###")[0]
+
+
+def test_a_correction_is_measured_against_its_uncorrected_arm_paired_by_item(tmp_path):
+    from triage_trl.lab.configs import uncorrected_arm
+    from triage_trl.lab.metrics import gain_difference
+
+    assert [uncorrected_arm(n) for n in ("triage", "nvfp4_opsm", "direction_blind", "triage_no_repair")] \
+        == ["nvfp4_naive"] * 4
+    assert [uncorrected_arm(n) for n in ("bf16_learner_tis", "bf16_learner_opsm", "bf16_learner_triage")] \
+        == ["bf16_learner_nvfp4_sampler"] * 3
+    assert [uncorrected_arm(n) for n in ("bf16", "nvfp4_naive", "bf16_learner_nvfp4_sampler")] == [None] * 3
+
+    def arm(seed, step0, final, **extra):
+        first, last = {"step": 0, "outcomes": step0}, {"step": 100, "outcomes": final}
+        for key, (a, b) in extra.items():
+            first[key], last[key] = a, b
+        return {"seed": seed, "held_out": [first, last]}
+
+    # seed 0: items gain (1, 0, -1, 0) vs (0, 0, 0, 1) -> differences (1, 0, -1, -1); seed 1 only in the run
+    runs = [arm(0, [0, 1, 1, 0], [1, 1, 0, 0]), arm(1, [0, 0, 0, 0], [1, 1, 1, 1])]
+    reference = [arm(0, [0, 1, 1, 0], [0, 1, 1, 1])]
+    diff = gain_difference(runs, reference)
+    assert (diff["mean"], diff["n"]) == (-0.25, 4) and diff["low"] <= -0.25 <= diff["high"]
+    assert gain_difference(runs, reference, "learner_outcomes")["n"] == 0  # no such records: n/a, not 0
+    with pytest.raises(ValueError, match="same held-out items"):
+        gain_difference(runs, [arm(0, [0, 1], [1, 1])])
+
+    # in the summary: triage and OPSM against naive at the same dose; the bf16-learner arm's learner scores too
+    def write(config, dose, final, learner_final=None):
+        held = [{"step": 0, "accuracy": 0.5, "outcomes": [0, 1, 0, 1]},
+                {"step": 4, "accuracy": sum(final) / 4, "outcomes": final}]
+        if learner_final is not None:
+            held[0]["learner_outcomes"], held[1]["learner_outcomes"] = [1, 1, 0, 0], learner_final
+        _write_run(tmp_path, config, 0, _history([0.5] * 4), held, dose=dose)
+
+    write("nvfp4_naive", "stress", [0, 1, 0, 1])
+    write("triage", "stress", [1, 1, 1, 1])
+    write("nvfp4_opsm", "stress", [0, 0, 0, 1])
+    write("bf16_learner_nvfp4_sampler", "stress", [0, 1, 0, 1], learner_final=[1, 1, 0, 0])
+    write("bf16_learner_triage", "stress", [0, 1, 0, 1], learner_final=[1, 1, 1, 0])
+    text = open(summarize(str(tmp_path))).read()
+    section = text.split("## Corrections against their uncorrected arm")[1].split("\n## ")[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["triage@stress"][:2] == ["nvfp4_naive@stress", "1"] and rows["triage@stress"][2].startswith("+50.0 [")
+    assert rows["nvfp4_opsm@stress"][2].startswith("-25.0 [") and rows["nvfp4_opsm@stress"][4] == "n/a"
+    assert rows["bf16_learner_triage@stress"][:3] == ["bf16_learner_nvfp4_sampler@stress", "1", "+0.0 [+0.0, +0.0]"]
+    assert rows["bf16_learner_triage@stress"][4].startswith("+25.0 [")
+    assert "nvfp4_naive@stress" not in rows and "bf16_learner_nvfp4_sampler@stress" not in rows

@@ -210,6 +210,20 @@ SCALES: dict[str, dict] = {
 }
 
 
+def uncorrected_arm(name: str) -> str | None:
+    """The configuration whose plain GRPO loss on the same engines a correction is measured against: the
+    bf16-learner + NVFP4-sampler arm for its corrections, ``nvfp4_naive`` for every other NVFP4-learner
+    configuration (corrections, controls, ablations); ``None`` for those two and ``bf16``.
+
+    Raises:
+        KeyError: unknown name.
+    """
+    config = lab_config(name)
+    engines = (config.overrides.get("learner_precision"), config.overrides.get("sampler_precision"))
+    reference = {("bf16", "nvfp4"): "bf16_learner_nvfp4_sampler", ("nvfp4", "nvfp4"): "nvfp4_naive"}.get(engines)
+    return None if reference == name else reference
+
+
 def config_names() -> list[str]:
     """The configuration names, in table order."""
     return list(CONFIGS)

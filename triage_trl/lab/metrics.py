@@ -238,6 +238,43 @@ def training_gain(step0_correct: list[list[int]], final_correct: list[list[int]]
     return paired_bootstrap(pairs, **bootstrap)
 
 
+def gain_difference(runs: list[dict], reference: list[dict], key: str = "outcomes", **bootstrap) -> dict:
+    """One arm's training gain minus another's, paired by (seed, item): per seed that both ran and per held-out item,
+    ``(final - step 0)`` of ``runs`` minus the same of ``reference`` (0/1 outcomes, or per-item scores in [0, 1]),
+    pooled over seeds; the bootstrap resamples the pairs (:func:`paired_bootstrap`). Arms that share their step-0
+    evaluation (the same engines, ``triage_trl.lab.step0``) reduce to their final outcomes' difference.
+
+    Args:
+        runs, reference: ``[{"seed", "held_out"}]``, ``held_out`` the run's evaluation records in step order, the
+            first at step 0, each with ``key`` (one value per item, the same items in both arms).
+        key: ``outcomes`` (greedy), ``item_scores`` (avg@N), ``learner_outcomes``, ``learner_item_scores``.
+
+    Returns:
+        ``{"mean", "low", "high", "n"}`` in accuracy units (``n``: pairs); NaN and ``n`` 0 without a common seed
+        whose records carry ``key``.
+
+    Raises:
+        ValueError: a common seed's two arms scored different numbers of items.
+    """
+    def per_item(run):
+        held = run.get("held_out") or []
+        if len(held) < 2 or key not in held[0] or key not in held[-1]:
+            return None
+        return [float(f) - float(s) for s, f in zip(held[0][key], held[-1][key], strict=True)]
+
+    by_seed = {r.get("seed"): per_item(r) for r in reference}
+    diffs = []
+    for run in runs:
+        mine, theirs = per_item(run), by_seed.get(run.get("seed"))
+        if mine is None or theirs is None:
+            continue
+        if len(mine) != len(theirs):
+            raise ValueError(f"Seed {run.get('seed')}: {len(mine)} items against {len(theirs)} in the reference arm; "
+                             "compare runs of the same lab folder (the same held-out items).")
+        diffs += [a - b for a, b in zip(mine, theirs)]
+    return paired_bootstrap(diffs, **bootstrap)
+
+
 def k3_log_slope(steps: list[int], k3: list[float]) -> float:
     """Stability trend: least-squares slope of ln k3 over optimizer steps (per step; 0.01 = +1%/step). Steps with a
     non-finite or non-positive k3 are left out; NaN with fewer than 2 steps left."""

@@ -23,9 +23,9 @@ import math
 import os
 
 from ..runtime.run_logs import read_log_history, read_records
-from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label
-from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, mean_std, rules_text, run_collapse,
-                      run_metrics, step_series)
+from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label, uncorrected_arm
+from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, gain_difference, mean_std, rules_text,
+                      run_collapse, run_metrics, step_series)
 from .plots import seed_values_by_step, with_fixed_probe, write_observations, write_overlay
 
 RESULTS = "results.md"
@@ -148,6 +148,36 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
                   f"| run | seeds | gain (greedy, learner) | gain ({samples_key or 'avg@N'}, learner) |",
                   "|---|---|---|---|", *learner_rows, ""]
     return lines
+
+
+def corrections_md(runs: dict[str, list[dict]]) -> list[str]:
+    """Each correction's training gain minus its uncorrected arm's at the same dose
+    (:func:`triage_trl.lab.configs.uncorrected_arm`, :func:`triage_trl.lab.metrics.gain_difference`); nothing
+    when no run has its uncorrected arm in the folder."""
+    def records(rows):
+        return [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in rows]
+
+    table = []
+    for label, rows in runs.items():
+        config, dose = split_label(label)
+        reference = uncorrected_arm(config) if config in CONFIGS else None
+        ref_label = run_label(reference, dose) if reference else None
+        if ref_label not in runs:
+            continue
+        cells = [gain_difference(records(rows), records(runs[ref_label]), key)
+                 for key in ("outcomes", "item_scores", "learner_outcomes")]
+        seeds = sorted({r["seed"] for r in rows} & {r["seed"] for r in runs[ref_label]})
+        table.append(f"| {label} | {ref_label} | {len(seeds)} | " + " | ".join(_interval(c) for c in cells) + " |")
+    if not table:
+        return []
+    return ["## Corrections against their uncorrected arm", "",
+            "A correction's training gain minus the gain of the same engines under the plain GRPO loss, at the same "
+            "dose (points; per (seed, item) over the seeds both ran, percentile bootstrap 95% interval): positive, the "
+            "correction gained more. Arms with the same engines share their step-0 evaluation, so this is the "
+            "difference of their final outcomes. Learner: the full-precision learner's own weights (bf16-learner "
+            "arms only).", "",
+            "| run | against | seeds | gain difference (greedy) | gain difference (avg@N) | "
+            "gain difference (greedy, learner) |", "|---|---|---|---|---|---|", *table, ""]
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
@@ -322,6 +352,7 @@ def summarize(lab_dir: str) -> str:
         lines += [f"Planned: {len(planned)} runs (configuration@dose) x seeds {plan['seeds']}.", ""]
     lines += _table(runs, planned) + ["", "Rules:", ""] + rules_text() + [""]
     lines += cost_gain_md(runs)
+    lines += corrections_md(runs)
     lines += _dose_md(runs, doses)
     lines += ["## Runs and doses", ""]
     for name, rows in runs.items():
