@@ -189,6 +189,13 @@ def test_the_overlay_draws_the_fixed_probe_k3_on_its_own_log_panel(tmp_path, mon
     monkeypatch.setattr(plots, "_draw", spy)
     plots.write_overlay({"bf16_learner_nvfp4_sampler@stress": [merged]}, str(tmp_path / "overlay.png"))
     assert drawn[plots.PROBE_K3] == ([0, 5, 10], [0.5, 2.0, 40.0])
+    # an E3 run draws its dose on that panel; a lab without probe records draws no probe panel
+    hot = plots.with_fixed_probe(history, [{"step": 0, "k3": 1e-10, "dose_k3": 0.0},
+                                           {"step": 5, "k3": 1e-10, "dose_k3": 0.02}])
+    assert [r[plots.PROBE_K3] for r in hot[10:]] == [0.0, 0.02]
+    drawn.clear()
+    plots.write_overlay({"bf16": [history]}, str(tmp_path / "overlay2.png"))
+    assert plots.PROBE_K3 not in drawn and "reward" in drawn
     assert plots.PROBE_K3 in plots.LOG_PANELS and [k for k, _, _ in plots.OVERLAY_PANELS][2] == plots.PROBE_K3
 
 

@@ -405,13 +405,17 @@ def test_the_trainer_pushes_the_sampler_scales_once_per_calibration(tiny_model_d
     assert fake._pushed_scales is None
     gen.input_global_scales = {n: torch.tensor(100.0) for n in names}
     push(fake)
-    assert float(q.input_global_scale) == 100.0 and fake._pushed_scales is gen.input_global_scales
+    assert float(q.input_global_scale) == 100.0 and fake._pushed_scales == (gen.input_global_scales, q.weight.device)
     q.input_global_scale = torch.tensor(7.0)  # a push would overwrite this: the same dict pushes nothing
     push(fake)
     assert float(q.input_global_scale) == 7.0
     gen.input_global_scales = {n: torch.tensor(200.0) for n in names}  # a recalibration
     push(fake)
     assert float(q.input_global_scale) == 200.0
+    q.input_global_scale = torch.tensor(7.0)
+    fake._pushed_scales = (gen.input_global_scales, torch.device("meta"))  # as if the model moved since the push
+    push(fake)
+    assert float(q.input_global_scale) == 200.0 and fake._pushed_scales[1] == q.weight.device
 
 
 def test_is_moe_experts_reads_the_registered_3d_projections():

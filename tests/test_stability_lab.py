@@ -153,6 +153,14 @@ def test_plan_runs_every_nvfp4_configuration_at_each_dose_ablations_at_one():
     with pytest.raises(ValueError, match="--doses"):
         plan_runs(["triage"], [0], [], None)
     assert plan_runs(["bf16"], [0], [], None) == [("bf16", None, 0)]
+    # at E3's hot doses both engines are bf16: a bf16-learner configuration would repeat its NVFP4-learner twin
+    hot = plan_runs(["nvfp4_naive", "bf16_learner_nvfp4_sampler", "triage", "bf16_learner_triage"], [0],
+                    ["stress", "hot_1.3"], "stress")
+    assert [(c, d) for c, d, _ in hot] == [("nvfp4_naive", "stress"), ("nvfp4_naive", "hot_1.3"),
+                                           ("bf16_learner_nvfp4_sampler", "stress"), ("triage", "stress"),
+                                           ("triage", "hot_1.3"), ("bf16_learner_triage", "stress")]
+    with pytest.raises(ValueError, match="plan no run"):
+        plan_runs(["bf16_learner_triage"], [0], ["hot_1.3"], None)
     assert run_path("/lab", "triage", 2, "paper") == os.path.join("/lab", "runs", "triage@paper", "seed2")
     assert split_label("triage@paper") == ("triage", "paper") and split_label("bf16") == ("bf16", None)
 
@@ -608,7 +616,7 @@ def test_a_stored_step0_record_without_the_learner_scores_is_not_reused_by_a_run
     assert read_step0(str(tmp_path), "missing") is None
 
 
-def test_the_fixed_probe_calibrates_the_hot_dose_on_its_fixed_text(tiny_qwen3_dir):
+def test_the_fixed_probe_calibrates_the_hot_dose_on_its_fixed_text(tiny_qwen3_dir, tmp_path):
     """E3: the dose on the probe's tokens is the learner at T against itself at factor x T (one forward), 0 at
     factor 1, growing with the factor; the probe records it beside the engines' k3 at the next rollout's factor."""
     from types import SimpleNamespace
@@ -641,6 +649,28 @@ def test_the_fixed_probe_calibrates_the_hot_dose_on_its_fixed_text(tiny_qwen3_di
     probe.trainer, probe.batch = trainer, batch
     record = probe.measure(9)
     assert record["dose_factor"] == pytest.approx(1.3)
+    # the worker's factor is the one HotSampler sets for the next step (its temperatures / the base temperature)
+    from triage_trl.lab.hot_sampler import HotSampler
+    from triage_trl.lab.worker import start_fixed_probe
+
+    hot = HotSampler(SimpleNamespace(args=SimpleNamespace(temperature=0.7),
+                                     vllm_generation=SimpleNamespace(temperature=0.7)), 1.0, 1.3)
+    for step in range(10):
+        hot.on_step_begin(None, SimpleNamespace(global_step=step, max_steps=10), None)
+    from triage_trl.lab.worker import FIXED_PROBE_BATCH
+
+    torch.save(batch, tmp_path / FIXED_PROBE_BATCH)  # a resumed run re-scores its saved completions
+    added = []
+    wired = SimpleNamespace(add_callback=added.append, model=model, sync_sampler=lambda: None,
+                            vllm_generation=trainer.vllm_generation)
+    worker_probe = start_fixed_probe(wired, _Rows(2), {"probe_every": 5, "max_completion_length": 4,
+                                                       "temperature": 0.7, "max_steps": 10},
+                                     str(tmp_path), resumed=True, hot=(1.0, 1.3))
+    assert added == [worker_probe] and torch.equal(worker_probe.batch["completion_ids"], batch["completion_ids"])
+    # the record at step s (on_step_end, global_step s): the factor HotSampler sets at the next on_step_begin
+    # (global_step still s), its temperatures[s]
+    for step in range(10):
+        assert worker_probe.sampler_factor(step) == pytest.approx(hot.temperatures[step] / 0.7)
     assert record["dose_k3"] == pytest.approx(doses[1])
     assert records == [record] and record["tokens"] == 6 and math.isfinite(record["k3"])
 
@@ -667,9 +697,17 @@ def test_summary_reports_the_hot_dose_calibrated_on_the_fixed_probe(tmp_path):
                            {"step": 3, "k3": 2e-10, "dose_factor": 1.3, "dose_k3": last}):
                 f.write(json.dumps(record) + "\n")
     _write_run(tmp_path, "triage", 0, hist, _held_out(0.6, 0.6), dose="stress")  # no hot sampler: no calibration
+    # a third seed that stopped early: the ends are the first and last steps every seed recorded
+    _write_run(tmp_path, "nvfp4_naive", 0, hist, _held_out(0.6, 0.6), dose="hot_1.3")
+    _write_run(tmp_path, "nvfp4_naive", 1, hist, _held_out(0.6, 0.6), dose="hot_1.3")
+    for seed, records in ((0, [(0, 1.0, 0.0), (3, 1.1, 0.01), (6, 1.3, 0.05)]), (1, [(0, 1.0, 0.0), (3, 1.1, 0.03)])):
+        with open(os.path.join(run_path(str(tmp_path), "nvfp4_naive", seed, "hot_1.3"), "fixed_probe.jsonl"), "w") as f:
+            for step, factor, k3 in records:
+                f.write(json.dumps({"step": step, "k3": 1e-10, "dose_factor": factor, "dose_k3": k3}) + "\n")
     text = open(summarize(str(tmp_path))).read()
     hot = text.split("### Dose `hot_1.3`")[1].split("###")[0]
     assert "- `triage@hot_1.3`: 0.0000 (x1.00, step 0) -> 0.0300 (x1.30, step 3), 2 seed(s)" in hot
+    assert "- `nvfp4_naive@hot_1.3`: 0.0000 (x1.00, step 0) -> 0.0200 (x1.10, step 3), 2 seed(s)" in hot
     assert "Calibration on the fixed probe" not in text.split("### Dose `stress`")[1].split("###")[0]
 
 

@@ -267,11 +267,12 @@ def split_label(label: str) -> tuple[str, str | None]:
 def plan_runs(configs: list[str], seeds: list[int], doses: list[str], ablation_dose: str | None) -> list[tuple]:
     """The lab's runs ``(configuration, dose, seed)``, seed-major: for each seed, each configuration in order; a
     configuration without NVFP4 once (dose ``None``), an ablation at ``ablation_dose``, every other NVFP4
-    configuration at each dose.
+    configuration at each dose, except the bf16-learner configurations at E3's hot-sampler doses (which run both
+    engines in bf16: there they would repeat the NVFP4-learner configuration with the same objective).
 
     Raises:
         KeyError: an unknown configuration or dose.
-        ValueError: no dose for an NVFP4 configuration, or an ``ablation_dose`` not among ``doses``.
+        ValueError: no dose for an NVFP4 configuration, an ``ablation_dose`` not among ``doses``, or nothing to run.
     """
     for name in doses:
         lab_dose(name)
@@ -289,7 +290,11 @@ def plan_runs(configs: list[str], seeds: list[int], doses: list[str], ablation_d
             elif c.ablation:
                 plan.append((c.name, ablation_dose, seed))
             else:
-                plan += [(c.name, d, seed) for d in doses]
+                plan += [(c.name, d, seed) for d in doses
+                         if not (DOSES[d].sampler_temperature and c.overrides.get("learner_precision") == "bf16")]
+    if not plan:
+        raise ValueError(f"Configurations {configs} at doses {doses} plan no run: the bf16-learner configurations do "
+                         "not run at the hot-sampler doses (both engines bf16 there); pick the NVFP4-learner ones.")
     return plan
 
 

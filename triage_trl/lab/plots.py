@@ -16,7 +16,7 @@ PROBE_K3 = "fixed_probe/k3"
 OVERLAY_PANELS = (("reward", "Training reward (mean over completions)",
                    "reward (weighted sum of the run's reward functions)"),
                   ("triage/k3_kl", "Learner-sampler mismatch: k3 KL, training batch", "nats / token"),
-                  (PROBE_K3, "Learner-sampler mismatch: k3 KL, fixed probe", "nats / token"),
+                  (PROBE_K3, "Learner-sampler mismatch: k3 KL, fixed probe (E3: its dose)", "nats / token"),
                   ("entropy", "Policy entropy (TRL's, sampled completions)", "nats / token"))
 LOG_PANELS = frozenset({"triage/k3_kl", PROBE_K3, "entropy"})
 SMOOTH_MIN_POINTS = 3 * COLLAPSE_REWARD_WINDOW
@@ -53,8 +53,10 @@ def seed_band(histories: list[list[dict]], key: str) -> tuple[list[int], list[fl
 
 def with_fixed_probe(history: list[dict], probe: list[dict]) -> list[dict]:
     """``history`` plus one record ``{"step", PROBE_K3}`` per fixed-probe record (``fixed_probe.jsonl``: ``step``,
-    ``k3`` in nats/token), for :func:`write_overlay`."""
-    return [*history, *({"step": p["step"], PROBE_K3: p["k3"]} for p in probe or [] if "k3" in p)]
+    ``k3`` in nats/token), for :func:`write_overlay`. An E3 record (a hot sampler) gives its ``dose_k3`` instead:
+    there the engines agree to numerical noise on the probe and the mismatch is the temperature's
+    (``probe.temperature_dose``)."""
+    return [*history, *({"step": p["step"], PROBE_K3: p.get("dose_k3", p["k3"])} for p in probe or [] if "k3" in p)]
 
 
 def _pyplot():
@@ -91,9 +93,11 @@ def write_overlay(runs: dict[str, list[list[dict]]], path: str,
     dotted vertical line in the configuration's colour on every panel; returns ``path``."""
     plt = _pyplot()
     colors = plt.get_cmap("tab20").colors
-    fig, axes = plt.subplots(1, len(OVERLAY_PANELS), figsize=(24, 4.8), dpi=100)
+    probed = any(PROBE_K3 in h for histories in runs.values() for history in histories for h in history)
+    panels = [p for p in OVERLAY_PANELS if probed or p[0] != PROBE_K3]  # no empty probe panel (probe_every=0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), dpi=100)
     smoothed = False
-    for ax, (key, title, ylabel) in zip(axes, OVERLAY_PANELS):
+    for ax, (key, title, ylabel) in zip(axes, panels):
         for i, (name, histories) in enumerate(runs.items()):
             n = len(histories)
             color = colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]

@@ -46,8 +46,12 @@ def temperature_dose(model, batch: dict, temperature: float, factor: float) -> d
     """E3's dose on fixed text: the learner's log-probs of a batch's completion tokens at ``temperature`` (the
     learner's) against its own at ``factor x temperature`` (the hot sampler's), as
     :func:`triage_trl.lab.mechanism.mismatch_stats` of that pair: ``{"k3", "gap_mean", "p99_abs_gap"}`` (nats/token;
-    p99 in nats). At the hot doses both engines compute in bf16 and agree to a k3 of about 1e-10 (the ``bf16``
-    arm's fixed probe), so this is the temperature's share of the learner-sampler mismatch on the probe's tokens.
+    p99 in nats): the temperature's share of the learner-sampler mismatch on the probe's tokens. At the hot doses
+    neither engine quantises; their own agreement is the ``bf16`` arm's fixed-probe k3 (about 1e-10 on AVX2 CPUs,
+    where both compute in float32; more where the sampler computes in bf16). The probe's tokens were sampled at
+    ``temperature``, not at the hot one, so on them k3 measures the mismatch as the NVFP4 doses' fixed probe does
+    (on fixed text, not on the hot sampler's own draws); those score at temperature 1, the same units when
+    ``temperature`` is 1 (E2's and E3's preset).
 
     Args:
         batch: TRL's rollout layout (:func:`pad_batch`).
@@ -115,7 +119,8 @@ class FixedProbe(TrainerCallback):
     ``temperature`` (vLLM seed ``seed``); :meth:`measure` syncs the sampler and re-scores them with both engines at
     temperature 1. Each record: ``{"step", "k3", "gap_mean", "p99_abs_gap", "tokens"}`` (nats/token; p99 in nats);
     with ``sampler_factor`` (E3's hot doses) also ``"dose_factor"`` and ``"dose_k3"`` (:func:`temperature_dose` at
-    the factor of the rollout after that step: the dose calibrated on the probe's fixed text).
+    the factor the hot sampler sets for the next optimizer step: the dose calibrated on the probe's fixed text; with
+    several updates per rollout the next rollout may come a step later, one ramp increment hotter).
 
     Launch configurations: single process with colocated vLLM (the lab's); not under DDP/FSDP2/ZeRO or server mode.
 
@@ -123,8 +128,9 @@ class FixedProbe(TrainerCallback):
         dataset: rows with a chat ``prompt`` (the first ``prompts`` are used).
         every: measure every this many optimizer steps.
         on_result: called with each record.
-        sampler_factor: E3: ``step -> the factor`` by which the sampler's temperature exceeds the learner's at the
-            rollout after optimizer step ``step`` (``hot_sampler.ramp``); ``None`` (no hot sampler): no dose fields.
+        sampler_factor: E3: ``step -> the factor`` by which the sampler's temperature exceeds the learner's for
+            optimizer step ``step + 1`` (``hot_sampler.ramp``, as ``HotSampler`` sets it); ``None`` (no hot
+            sampler): no dose fields.
     """
 
     def __init__(self, dataset, *, every: int, max_tokens: int, temperature: float, prompts: int = 16, seed: int = 0,

@@ -265,19 +265,23 @@ def _dose_calibration_md(runs: dict[str, list[dict]], dose: str) -> list[str]:
     for label, rows in runs.items():
         if split_label(label)[1] != dose:
             continue
-        series = [[p for p in r.get("probe") or [] if "dose_k3" in p] for r in rows]
+        series = [{p["step"]: p for p in r.get("probe") or [] if "dose_k3" in p} for r in rows]
         series = [s for s in series if s]
-        if not series:
+        common = sorted(set.intersection(*(set(s) for s in series))) if series else []
+        if not common:
             continue
-        ends = [(mean_std([s[i]["dose_k3"] for s in series])[0], mean_std([s[i]["dose_factor"] for s in series])[0],
-                 series[0][i]["step"]) for i in (0, -1)]
-        lines.append(f"- `{label}`: " + " -> ".join(f"{k3:.4f} (x{factor:.2f}, step {step})" for k3, factor, step
-                                                     in ends) + f", {len(series)} seed(s)")
+        ends = []
+        for step in (common[0], common[-1]):  # the first and last steps every seed recorded: means of like with like
+            k3 = mean_std([s[step]["dose_k3"] for s in series])[0]
+            factor = mean_std([s[step]["dose_factor"] for s in series])[0]
+            ends.append(f"{_num(k3, '.4f')} (x{_num(factor, '.2f')}, step {step})")
+        lines.append(f"- `{label}`: {' -> '.join(ends)}, {len(series)} seed(s)")
     if not lines:
         return []
     return ["", "Calibration on the fixed probe's text (`dose_k3`: k3 of the learner at T against itself at factor x T "
-            "on the probe's tokens, nats/token, mean over seeds; both engines bf16, so this is the temperature's share "
-            "of the mismatch):", "", *lines]
+            "on the probe's tokens, nats/token, mean over seeds at the first and last steps all of them recorded; the "
+            "temperature's share of the mismatch, the engines' own being the `bf16` arm's fixed-probe k3):", "",
+            *lines]
 
 
 def observations(histories: list[list[dict]], first_steps: int = OBS_FIRST_STEPS) -> dict:

@@ -79,7 +79,8 @@ def start_fixed_probe(trainer, held_out, settings: dict, run_dir: str, *, resume
     """The fixed probe of a run (:class:`triage_trl.lab.probe.FixedProbe`, every ``probe_every`` steps): its
     completions sampled once at step 0 (kept in ``fixed_probe.pt``, so a resumed run re-scores the same ones),
     its records appended to ``fixed_probe.jsonl``. ``hot``: an E3 dose's ``(start, end)`` factors; the probe then
-    also records the dose on its fixed text (``FixedProbe``'s ``dose_k3``) at the factor of the next rollout."""
+    also records the dose on its fixed text (``FixedProbe``'s ``dose_k3``) at the factor ``HotSampler`` sets for the
+    next optimizer step."""
     import torch
 
     from .hot_sampler import ramp

@@ -117,7 +117,7 @@ class TriageGRPOTrainer(GRPOTrainer):
         self.sync_probe_steps: list[int] = []  # the optimizer step of each probed sync
         self._syncs_seen = 0
         self._probe_prev = None  # (learner, sampler) log-probs of the previous probe
-        self._pushed_scales = None  # the sampler's scales dict the learner last received (a new dict per calibration)
+        self._pushed_scales = None  # (scales dict, device) the learner last received (a new dict per calibration)
         self._probe_bound = None  # (bound, what) once the engines are known
         self._drift_warned = 0.0
         self.nvfp4_learner_report = None
@@ -219,14 +219,17 @@ class TriageGRPOTrainer(GRPOTrainer):
         if self.nvfp4_learner_report is None or self.args.resolved_nvfp4_learner_scales != "sampler":
             return
         scales = self.vllm_generation.input_global_scales
-        # None: calibrated at the first sync (sharded learners); the same dict: already pushed (a calibration makes a
-        # new one), so a sync that does not recalibrate walks no module
-        if scales is None or scales is self._pushed_scales:
+        if scales is None:  # calibrated at the first sync (sharded learners)
+            return
+        # The same dict on the same device is already in place (a calibration makes a new dict; the scales are plain
+        # attributes, which a later move of the model, e.g. by DeepSpeed, leaves behind): no module walk.
+        device = next(self.model.parameters()).device
+        if self._pushed_scales is not None and self._pushed_scales[0] is scales and self._pushed_scales[1] == device:
             return
         from ..nvfp4.learner import set_sampler_input_scales
 
         set_sampler_input_scales(self.model, scales)
-        self._pushed_scales = scales
+        self._pushed_scales = (scales, device)
 
     @torch.no_grad()
     def _run_sync_probe(self) -> float:
