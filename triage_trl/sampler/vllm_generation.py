@@ -147,6 +147,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         self.num_syncs = 0
         self.on_sync: Callable[[], None] | None = None
         self.frozen_vocab = FrozenVocabSkip()
+        self._model_class: str | None = None  # the learner's Hugging Face class, read at the first sync
         self.direct_write = DirectWrite()
         self.direct_write_ok: tuple[bool, str] = (False, "the engine has not started")
         self._engine_loaded = False
@@ -299,7 +300,9 @@ class TriageVLLMGeneration(VLLMGeneration):
         one ``reload_weights`` call (a collective under FSDP2 and ZeRO-3)."""
         if self.sampler_precision == "nvfp4" and (self.input_global_scales is None or self.recalibrate_every_sync):
             self.input_global_scales = reduce_input_global_scales(self._calibrate(self.model), self.accelerator)
-        copy_after = RELOAD_DIRECT_COPY.get(type(_hf_model(self.model)).__name__)
+        if self._model_class is None:  # once: accelerate's is_peft_model walks every module (~15 ms, SmolLM2 + LoRA)
+            self._model_class = type(_hf_model(self.model)).__name__
+        copy_after = RELOAD_DIRECT_COPY.get(self._model_class)
         kept: list[tuple[str, torch.Tensor]] = []
         skip = self.frozen_vocab
         # Sharded learners gather a copy per sync; sleep mode (level 2) discards the engine's weights.
