@@ -51,7 +51,7 @@ def sleeping_sampler():
         input_global_scales=None, recalibrate_every_sync=False, num_syncs=0, temperature=1.0, on_sync=None,
         frozen_vocab=FrozenVocabSkip(), _dist=SimpleNamespace(is_fsdp=False, is_zero3=False),
         direct_write=DirectWrite(), direct_write_ok=(False, "sleep mode discards and restores the weights"),
-        _engine_loaded=True,
+        _engine_loaded=True, _model_class=None,
     )
     sampler._iter_sampler_weights = lambda *args: iter([("w", None)])
     return sampler, llm
