@@ -758,3 +758,35 @@ def test_a_correction_is_measured_against_its_uncorrected_arm_paired_by_item(tmp
     assert rows["bf16_learner_triage@stress"][:3] == ["bf16_learner_nvfp4_sampler@stress", "1", "+0.0 [+0.0, +0.0]"]
     assert rows["bf16_learner_triage@stress"][4].startswith("+25.0 [")
     assert "nvfp4_naive@stress" not in rows and "bf16_learner_nvfp4_sampler@stress" not in rows
+
+
+def test_a_held_out_evaluation_leaves_the_training_random_stream_as_it_found_it(monkeypatch):
+    """An evaluation that draws from every generator (as vLLM's sampler draws unseeded requests from torch's) leaves
+    them where they were: a run that measures its step-0 evaluation and one that reuses it roll out alike."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from triage_trl.eval import held_out
+    from triage_trl.eval.held_out import HeldOutResult
+    from triage_trl.runs import HeldOutEvaluator
+
+    def drawing_accuracy(trainer, dataset, max_tokens):
+        torch.rand(100), random.random(), np.random.rand(3)
+        return HeldOutResult(correct=1, total=2, outcomes=[True, False], completions=["a", "b"])
+
+    monkeypatch.setattr(held_out, "greedy_accuracy", drawing_accuracy)
+    trainer = SimpleNamespace(sync_sampler=lambda: torch.rand(7), accelerator=SimpleNamespace(device=torch.device("cpu")))
+    evaluator = HeldOutEvaluator([{"prompt": "x"}] * 2, max_tokens=4)
+
+    def next_draws():
+        return torch.rand(3).tolist(), random.random(), np.random.rand(2).tolist()
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    measured = evaluator.evaluate(trainer, 0)
+    after_measuring = next_draws()
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    evaluator.reuse({"step": 0, "accuracy": 0.5})
+    assert measured.accuracy == 0.5 and next_draws() == after_measuring

@@ -10,10 +10,12 @@ environment and threads) and ends with :func:`finish_run`: the model and its car
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from transformers import TrainerCallback
 
@@ -241,9 +243,29 @@ class LogHistoryWriter(TrainerCallback):
                 f.write(json.dumps(record, default=float) + "\n")
 
 
+@contextlib.contextmanager
+def training_random_state_kept(device) -> Iterator[None]:
+    """Python's, NumPy's and torch's random generators (CPU, and ``device`` when it is a GPU) as they were on entry, on
+    exit: a held-out evaluation between optimizer steps leaves the training's random stream (rollouts drawn by the
+    sampler from torch's generator, data order) as it found it, so a run that measures its step-0 evaluation and one
+    that reuses another run's (``HeldOutEvaluator.reuse``) roll out alike, and arms with the same engines start from
+    the same rollouts (common random numbers)."""
+    import numpy as np
+    import torch
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if getattr(device, "type", "cpu") == "cuda" else []):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
 class HeldOutEvaluator(TrainerCallback):
     """Greedy held-out accuracy of the trainer's sampler at step 0 (:meth:`evaluate`), every ``every`` optimizer steps
-    and at the last step; each evaluation syncs the sampler first (``trainer.sync_sampler()``).
+    and at the last step; each evaluation syncs the sampler first (``trainer.sync_sampler()``) and leaves the random
+    generators as it found them (:func:`training_random_state_kept`).
 
     Args:
         dataset: the held-out rows (``triage_trl.eval.held_out.greedy_accuracy``).
@@ -272,6 +294,10 @@ class HeldOutEvaluator(TrainerCallback):
         self.seconds = 0.0
 
     def evaluate(self, trainer, step: int):
+        with training_random_state_kept(trainer.accelerator.device):
+            return self._evaluate(trainer, step)
+
+    def _evaluate(self, trainer, step: int):
         from .eval.held_out import greedy_accuracy
 
         t0 = time.perf_counter()
