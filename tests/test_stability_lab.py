@@ -778,7 +778,8 @@ def test_a_held_out_evaluation_leaves_the_training_random_stream_as_it_found_it(
         return HeldOutResult(correct=1, total=2, outcomes=[True, False], completions=["a", "b"])
 
     monkeypatch.setattr(held_out, "greedy_accuracy", drawing_accuracy)
-    trainer = SimpleNamespace(sync_sampler=lambda: torch.rand(7), accelerator=SimpleNamespace(device=torch.device("cpu")))
+    trainer = SimpleNamespace(sync_sampler=lambda: torch.rand(7),
+                              accelerator=SimpleNamespace(device=torch.device("cpu")))
     evaluator = HeldOutEvaluator([{"prompt": "x"}] * 2, max_tokens=4)
 
     def next_draws():

@@ -87,8 +87,8 @@ def _draw(ax, histories, key, label, color, smooth: int = 0) -> bool:
 def write_overlay(runs: dict[str, list[list[dict]]], path: str,
                   collapse_steps: dict[str, list[int]] | None = None) -> str:
     """Reward, the training batch's and the fixed probe's k3 KL and policy entropy (log scale) against the
-    optimizer step for every configuration (one
-    colour each; a reward series of :data:`SMOOTH_MIN_POINTS` points or more as the collapse rule's moving mean); a
+    optimizer step for every configuration (one colour each; a reward series of :data:`SMOOTH_MIN_POINTS` points or
+    more as the collapse rule's moving mean; no probe panel when no run has probe records); a
     ``collapse_steps[name]`` step (one per collapsed seed, :func:`triage_trl.lab.metrics.run_collapse`) is drawn as a
     dotted vertical line in the configuration's colour on every panel; returns ``path``."""
     plt = _pyplot()

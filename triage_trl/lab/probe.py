@@ -57,30 +57,40 @@ def temperature_dose(model, batch: dict, temperature: float, factor: float) -> d
         batch: TRL's rollout layout (:func:`pad_batch`).
         factor: >= 1 (:func:`triage_trl.lab.hot_sampler.ramp`).
     """
+    learner, hot = learner_logps_at(model, *_learner_inputs(batch), (temperature, factor * temperature))
+    return _mismatch(learner, hot, batch)
+
+
+def _learner_inputs(batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(input_ids, attention_mask, keep)`` of a rollout batch: prompt and completion joined, the completion's
+    length kept (:func:`learner_logps_at`'s arguments)."""
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    keep = batch["completion_ids"].size(1)
-    learner, hot = learner_logps_at(model, input_ids, attention, keep, (temperature, factor * temperature))
+    return input_ids, attention, batch["completion_ids"].size(1)
+
+
+def _mismatch(learner: torch.Tensor, sampler: torch.Tensor, batch: dict) -> dict:
+    """``{"k3", "gap_mean", "p99_abs_gap"}`` of two (B, T) log-prob tensors over the batch's completion tokens."""
     mask = batch["completion_mask"].bool()
-    empty = {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")}
-    stats = mismatch_stats(learner, hot, mask, empty)
+    stats = mismatch_stats(learner, sampler, mask, {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")})
     return {k: stats[k] for k in ("k3", "gap_mean", "p99_abs_gap")}
 
 
 @torch.no_grad()
-def rescore(trainer, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rescore(trainer, batch: dict, temperature: float,
+            learner: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(learner, sampler) log-probs (B, T) of a batch's completions under the current weights at ``temperature``
     (the sampler must be synced); NaN at masked positions of the sampler's.
 
     Args:
         batch: TRL's rollout layout: ``prompt_ids``/``prompt_mask`` (B, P, left-padded), ``completion_ids``/
             ``completion_mask`` (B, T, right-padded).
+        learner: the learner's log-probs at ``temperature`` when already computed (no second forward).
     """
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
     completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention = torch.cat([prompt_mask, completion_mask], dim=1)
-    learner = learner_logps(trainer.model, input_ids, attention, completion_ids.size(1), temperature)
+    if learner is None:
+        learner = learner_logps(trainer.model, *_learner_inputs(batch), temperature)
     sequences, lengths = [], []
     for i in range(prompt_ids.size(0)):
         prompt = prompt_ids[i][prompt_mask[i].bool()].tolist()
@@ -168,19 +178,17 @@ class FixedProbe(TrainerCallback):
         was_training = self.trainer.model.training
         self.trainer.model.eval()
         try:
-            learner, sampler = rescore(self.trainer, self.batch, 1.0)
-            dose = None
-            if self.sampler_factor is not None:
+            dose, learner = {}, None
+            if self.sampler_factor is not None:  # one forward for the engines' k3 (at 1) and the dose (T, factor x T)
                 factor = float(self.sampler_factor(step))
-                dose = {"dose_factor": factor,
-                        "dose_k3": temperature_dose(self.trainer.model, self.batch, self.temperature, factor)["k3"]}
+                learner, cold, hot = learner_logps_at(self.trainer.model, *_learner_inputs(self.batch),
+                                                      (1.0, self.temperature, factor * self.temperature))
+                dose = {"dose_factor": factor, "dose_k3": _mismatch(cold, hot, self.batch)["k3"]}
+            learner, sampler = rescore(self.trainer, self.batch, 1.0, learner)
         finally:
             self.trainer.model.train(was_training)
-        mask = self.batch["completion_mask"].bool()
-        empty = {q: torch.zeros_like(mask) for q in ("NA", "PA", "NC", "PC")}
-        stats = mismatch_stats(learner, sampler, mask, empty)
-        record = {"step": step, "k3": stats["k3"], "gap_mean": stats["gap_mean"],
-                  "p99_abs_gap": stats["p99_abs_gap"], "tokens": int(mask.sum()), **(dose or {})}
+        record = {"step": step, **_mismatch(learner, sampler, self.batch),
+                  "tokens": int(self.batch["completion_mask"].sum()), **dose}
         self.records.append(record)
         if self.on_result is not None:
             self.on_result(record)

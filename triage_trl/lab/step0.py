@@ -10,7 +10,8 @@ gain by item is unchanged: every run's final evaluation is paired with the same 
 
 The identity (:func:`step0_identity`) is every ``TriageGRPOConfig`` field except those that only act in the loss
 (:data:`OBJECTIVE_ONLY`) or in the optimizer's steps (:data:`OPTIMIZER_ONLY`) or name the run's folder, plus the
-model, the seed and the lab's evaluation settings. A field not listed there counts, so a new setting that could change the sampler never shares by mistake.
+model, the seed and the lab's evaluation settings. A field not listed there counts, so a new setting that could
+change the sampler never shares by mistake.
 """
 
 from __future__ import annotations
