@@ -137,14 +137,18 @@ def test_pre_registered_collapse_rule():
     flat = [0.5] * 30
     k3 = [0.1] * 30
     grads = [1.0] * 30
-    assert collapse_by_rule(flat, k3, grads) == {"collapsed": False, "reason": None, "step": None}
+    assert collapse_by_rule(flat, k3, grads) == {"collapsed": False, "reason": None, "step": None, "criteria": {}}
     assert collapse_by_rule(flat, k3, grads[:5] + [math.inf] + grads[6:])["reason"] == "grad_norm"
     spike = k3[:20] + [COLLAPSE_K3_FACTOR * 0.1] + k3[21:]
-    assert collapse_by_rule(flat, spike, grads) == {"collapsed": True, "reason": "k3", "step": 21}
+    assert collapse_by_rule(flat, spike, grads) == {"collapsed": True, "reason": "k3", "step": 21, "criteria": {"k3": 21}}
     early_spike = [COLLAPSE_K3_FACTOR * 0.1] + k3[1:]  # inside the baseline window: raises the baseline only
     assert not collapse_by_rule(flat, early_spike, grads)["collapsed"]
     drop = [0.8] * 15 + [0.3] * 15  # moving mean reaches 0.6 = peak - 0.2 at step 19 and stays below
-    assert collapse_by_rule(drop, k3, grads) == {"collapsed": True, "reason": "reward", "step": 19}
+    assert collapse_by_rule(drop, k3, grads) == {"collapsed": True, "reason": "reward", "step": 19,
+                                                 "criteria": {"reward": 19}}
+    # every criterion met is reported, the earliest is the verdict
+    both = collapse_by_rule(drop, spike, grads)
+    assert (both["reason"], both["step"], both["criteria"]) == ("reward", 19, {"reward": 19, "k3": 21})
     recovered = [0.8] * 15 + [0.3] * 10 + [0.8] * 10
     assert not collapse_by_rule(recovered, k3, grads)["collapsed"]
 
@@ -160,9 +164,11 @@ def test_run_collapse_reports_the_optimizer_step(tmp_path):
         if step % 2:
             record.update({"reward": 0.5, "triage/k3_kl": COLLAPSE_K3_FACTOR * 0.1 if step == 41 else 0.1})
         history.append(record)
-    assert run_collapse(history) == {"collapsed": True, "reason": "k3", "step": 41}  # the 21st logged value
+    assert run_collapse(history) == {"collapsed": True, "reason": "k3", "step": 41,  # the 21st logged value
+                                     "criteria": {"k3": 41}}
     history[10]["grad_norm"] = math.nan
-    assert run_collapse(history) == {"collapsed": True, "reason": "grad_norm", "step": 11}
+    assert run_collapse(history) == {"collapsed": True, "reason": "grad_norm", "step": 11,
+                                     "criteria": {"grad_norm": 11, "k3": 41}}
     path = write_overlay({"nvfp4_naive@stress": [history]}, str(tmp_path / "overlay.png"),
                          {"nvfp4_naive@stress": [11]})
     assert os.path.getsize(path) > 10_000

@@ -296,8 +296,9 @@ def collapse_by_rule(rewards: list[float], k3: list[float], grad_norms: list[flo
 
     Returns:
         ``{"collapsed": bool, "reason": "reward" | "k3" | "grad_norm" | None, "step": 1-based index of the first
-        step that met a criterion (for "reward": where the drop was first reached) or None}``; the earliest
-        criterion wins.
+        step that met a criterion (for "reward": where the drop was first reached) or None, "criteria": {reason:
+        its first step} for every criterion met}``; the earliest criterion wins. ``criteria`` lets a report read
+        a run by one criterion (E3's k3 rises by design: docs/stability.md, "E3").
     """
     found = []
     for i, g in enumerate(grad_norms):
@@ -323,9 +324,9 @@ def collapse_by_rule(rewards: list[float], k3: list[float], grad_norms: list[flo
         if first_drop is not None and moving[-1] <= max(moving) - COLLAPSE_REWARD_DROP:
             found.append((first_drop, "reward"))
     if not found:
-        return {"collapsed": False, "reason": None, "step": None}
+        return {"collapsed": False, "reason": None, "step": None, "criteria": {}}
     step, reason = min(found)
-    return {"collapsed": True, "reason": reason, "step": step}
+    return {"collapsed": True, "reason": reason, "step": step, "criteria": {r: i for i, r in sorted(found)}}
 
 
 def cost_gain_stability(runs: list[dict], reference: list[dict] | None, *, samples_key: str | None = None) -> dict:
@@ -389,9 +390,10 @@ def run_collapse(history: list[dict]) -> dict:
     reward_steps, rewards = step_series(history, "reward")
     grad_steps, grad_norms = every_step_series(history, "grad_norm")
     verdict = collapse_by_rule(rewards, k3, grad_norms)
-    if verdict["collapsed"]:  # the series index -> the optimizer step it was logged at
-        series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}[verdict["reason"]]
-        verdict["step"] = series_steps[verdict["step"] - 1]
+    series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}
+    verdict["criteria"] = {r: series_steps[r][i - 1] for r, i in verdict["criteria"].items()}  # -> optimizer steps
+    if verdict["collapsed"]:
+        verdict["step"] = verdict["criteria"][verdict["reason"]]
     return verdict
 
 

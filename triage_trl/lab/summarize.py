@@ -135,8 +135,9 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
         if result["gain_learner"]["n"]:
             learner_rows.append(f"| {label} | {len(rows)} | {_interval(result['gain_learner'])} | "
                                 f"{_interval(result['gain_learner_sampled'])} |")
-        fell = [f"seed {r['seed']}: {c['reason']}@{c['step']}" for r, c in zip(rows, result["collapses"])
-                if c["collapsed"]]
+        fell = [f"seed {r['seed']}: " + ", ".join(f"{why}@{step}" for why, step in
+                                                 sorted(c["criteria"].items(), key=lambda kv: kv[1]))
+                for r, c in zip(rows, result["collapses"]) if c["collapsed"]]
         lines.append(f"| {label} | {len(rows)} | {_interval(result['cost'])} | {_interval(result['gain'])} | "
                      f"{_interval(result['gain_sampled'])} | {_num(result['k3_slope'], '+.4f')} | "
                      f"{_num(result['probe_k3_slope'], '+.4f')} | {len(fell)}/{len(rows)}"
