@@ -54,10 +54,24 @@ def test_an_unpacked_reload_writes_through_the_view_and_nothing_is_copied():
     assert torch.equal(mixer.conv_weights, new.view(8, 4))
 
 
-def test_a_replaced_unpacked_weight_is_copied_into_the_view():
+def test_through_vllms_own_cpu_processing_the_refresh_follows_a_reload(monkeypatch):
+    """vLLM 0.31's ``dispatch_cpu_unquantized_gemm`` as an AVX512-BF16 CPU runs it (the ISA check and the C++ pack
+    patched, so it runs on every CPU kind): the first processing stashes and packs, a reload's processing of new
+    weights does again, the mixer's view keeps the first weights until the refresh."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import utils as vllm_utils
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(ops, "causal_conv1d_weight_pack", lambda w: w.t().contiguous(), raising=False)
     mixer = _Mixer()
+    first = torch.randn(8, 1, 4).to(torch.bfloat16)
+    mixer.conv1d.weight.data.copy_(first)  # the first load writes the storage the view shares
+    vllm_utils.dispatch_cpu_unquantized_gemm(mixer.conv1d, remove_weight=False)
+    assert refresh_cpu_mamba_conv_weights(mixer) == 0  # after a first load nothing is stale
     new = torch.randn(8, 1, 4).to(torch.bfloat16)
-    mixer.conv1d.weight.data = new.clone()  # new storage, no stash: the view would be stale
+    mixer.conv1d.weight = nn.Parameter(new.clone(), requires_grad=False)  # the reload's materialised layer
+    vllm_utils.dispatch_cpu_unquantized_gemm(mixer.conv1d, remove_weight=False)
+    assert torch.equal(mixer.conv_weights, first.view(8, 4))  # the defect, through vLLM's own code
     assert refresh_cpu_mamba_conv_weights(mixer) == 1
     assert torch.equal(mixer.conv_weights, new.view(8, 4))
 

@@ -169,6 +169,14 @@ def test_run_collapse_reports_the_optimizer_step(tmp_path):
     history[10]["grad_norm"] = math.nan
     assert run_collapse(history) == {"collapsed": True, "reason": "grad_norm", "step": 11,
                                      "criteria": {"grad_norm": 11, "k3": 41}}
+    # the earliest by optimizer step, not by index in its own series: a non-finite grad norm at step 45 (index 45)
+    # comes after the k3 hit at step 41 (index 21), one at step 31 (index 31) before it
+    history[10]["grad_norm"] = 1.0
+    history[44]["grad_norm"] = math.nan
+    assert run_collapse(history)["reason"] == "k3"
+    history[44]["grad_norm"], history[30]["grad_norm"] = 1.0, math.nan
+    assert run_collapse(history) == {"collapsed": True, "reason": "grad_norm", "step": 31,
+                                     "criteria": {"grad_norm": 31, "k3": 41}}
     path = write_overlay({"nvfp4_naive@stress": [history]}, str(tmp_path / "overlay.png"),
                          {"nvfp4_naive@stress": [11]})
     assert os.path.getsize(path) > 10_000

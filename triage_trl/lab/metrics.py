@@ -392,8 +392,8 @@ def run_collapse(history: list[dict]) -> dict:
     verdict = collapse_by_rule(rewards, k3, grad_norms)
     series_steps = {"reward": reward_steps, "k3": steps, "grad_norm": grad_steps}
     verdict["criteria"] = {r: series_steps[r][i - 1] for r, i in verdict["criteria"].items()}  # -> optimizer steps
-    if verdict["collapsed"]:
-        verdict["step"] = verdict["criteria"][verdict["reason"]]
+    if verdict["collapsed"]:  # the earliest by optimizer step (the series are logged at different steps)
+        verdict["step"], verdict["reason"] = min((step, r) for r, step in verdict["criteria"].items())
     return verdict
 
 
@@ -402,4 +402,7 @@ def collapse_rule_text() -> str:
     return (f"**collapse (pre-registered)**: the {COLLAPSE_REWARD_WINDOW}-step moving mean training reward falls >= "
             f"{COLLAPSE_REWARD_DROP:g} below its running peak and is still that far below at the last step, or a "
             f"step's k3 >= {COLLAPSE_K3_FACTOR:g} x the mean k3 of the first {COLLAPSE_K3_BASELINE_STEPS} steps, or "
-            "a non-finite grad norm; the earliest criterion is reported with its step.")
+            "a non-finite grad norm; each criterion a collapsed seed met is listed with its first optimizer step "
+            "(for the reward, where the drop was first reached, which may be a dip the run later recovered from "
+            "before it fell for good). At E3's hot-sampler doses k3 rises by design: E3 is read by reward and grad "
+            "norm (docs/stability.md, \"Pre-registered rules\").")

@@ -138,9 +138,15 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
         fell = [f"seed {r['seed']}: " + ", ".join(f"{why}@{step}" for why, step in
                                                  sorted(c["criteria"].items(), key=lambda kv: kv[1]))
                 for r, c in zip(rows, result["collapses"]) if c["collapsed"]]
+        dose = split_label(label)[1]
+        if dose in DOSES and DOSES[dose].sampler_temperature is not None:  # E3: k3 rises by design
+            count = sum(bool(set(c["criteria"]) - {"k3"}) for c in result["collapses"])
+            verdict = f"{count}/{len(rows)} by reward or grad norm"
+        else:
+            verdict = f"{len(fell)}/{len(rows)}"
         lines.append(f"| {label} | {len(rows)} | {_interval(result['cost'])} | {_interval(result['gain'])} | "
                      f"{_interval(result['gain_sampled'])} | {_num(result['k3_slope'], '+.4f')} | "
-                     f"{_num(result['probe_k3_slope'], '+.4f')} | {len(fell)}/{len(rows)}"
+                     f"{_num(result['probe_k3_slope'], '+.4f')} | {verdict}"
                      f"{' (' + '; '.join(fell) + ')' if fell else ''} |")
     lines += ["", "- " + collapse_rule_text(), ""]
     if learner_rows:

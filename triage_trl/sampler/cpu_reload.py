@@ -66,14 +66,10 @@ def refresh_cpu_mamba_conv_weights(model: nn.Module) -> int:
     for module in model.modules():
         conv = getattr(module, "conv1d", None)
         view = getattr(module, "conv_weights", None)
-        if conv is None or not isinstance(view, torch.Tensor) or view.is_meta:
-            continue
         source = getattr(conv, "_cpu_unpacked_conv_weight", None)
-        if source is None:  # not packed: the view must still share the weight's storage, or it is stale too
-            weight = conv.weight
-            if weight.untyped_storage().data_ptr() == view.untyped_storage().data_ptr() or weight.numel() != view.numel():
-                continue
-            source = weight
+        # Without the stash nothing was packed (AVX2-only CPUs, GPUs): the view shares the storage the reload writes.
+        if source is None or not isinstance(view, torch.Tensor) or view.is_meta:
+            continue
         if source.numel() != view.numel():
             raise RuntimeError(f"Mamba mixer {type(module).__name__}: its conv_weights {tuple(view.shape)} and the "
                                f"loaded convolution weight {tuple(source.shape)} differ in size; this vLLM version "
