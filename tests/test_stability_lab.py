@@ -253,6 +253,21 @@ def test_step0_identity_is_shared_across_objectives_only(tmp_path):
     assert naive not in others and len(others) == 7
 
 
+def test_step0_identity_follows_the_engines_dtype(tmp_path, monkeypatch):
+    """A lab folder moved to a CPU of another kind (bf16 engines with AVX512-BF16, float32 on AVX2) shares nothing."""
+    from triage_trl import runtime
+    from triage_trl.lab.step0 import step0_identity
+
+    settings = {**scale_preset("collapse"), "scale": "collapse"}
+    args = build_trainer_config("nvfp4_naive", settings, str(tmp_path / "n"), 0, settings.get("trainer_overrides"),
+                                "hot_1.15")
+    ids = set()
+    for native in (True, False):
+        monkeypatch.setattr(runtime, "native_bf16_gemm", lambda device="cpu", native=native: native)
+        ids.add(step0_identity(args, settings, 0, "m"))
+    assert len(ids) == 2
+
+
 def test_resumed_run_keeps_the_log_records_up_to_its_checkpoint(tmp_path):
     from triage_trl.lab.worker import keep_records_up_to, read_records
 

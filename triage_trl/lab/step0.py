@@ -10,8 +10,9 @@ gain by item is unchanged: every run's final evaluation is paired with the same 
 
 The identity (:func:`step0_identity`) is every ``TriageGRPOConfig`` field except those that only act in the loss
 (:data:`OBJECTIVE_ONLY`) or in the optimizer's steps (:data:`OPTIMIZER_ONLY`) or name the run's folder, plus the
-model, the seed and the lab's evaluation settings. A field not listed there counts, so a new setting that could
-change the sampler never shares by mistake.
+model, the seed, the lab's evaluation settings and the engines' compute dtype (``runtime.engine_dtype``: it follows
+the CPU kind, so a lab folder copied to another kind of machine evaluates step 0 again). A field not listed there
+counts, so a new setting that could change the sampler never shares by mistake.
 """
 
 from __future__ import annotations
@@ -43,9 +44,17 @@ def step0_identity(args, settings: dict, seed: int, model: str) -> str:
         seed: the run's seed.
         model: the model path or id the run loads.
     """
+    import torch
+
+    from ..runtime import engine_dtype
+
     fields = {k: v for k, v in args.to_dict().items()
               if not k.startswith(OBJECTIVE_ONLY) and k not in RUN_NAMING and k not in OPTIMIZER_ONLY}
-    record = {"model": model, "seed": seed, "args": fields, "eval": {k: settings.get(k) for k in EVAL_SETTINGS}}
+    # the engines' compute dtype follows the CPU kind (bf16 with AVX512-BF16 or AMX, float32 on AVX2 only): a record
+    # copied to another kind of machine must not be shared
+    device = "cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu"
+    record = {"model": model, "seed": seed, "args": fields, "eval": {k: settings.get(k) for k in EVAL_SETTINGS},
+              "engine_dtype": str(engine_dtype(device))}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
