@@ -811,3 +811,13 @@ def test_a_held_out_evaluation_leaves_the_training_random_stream_as_it_found_it(
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     evaluator.reuse({"step": 0, "accuracy": 0.5})
     assert measured.accuracy == 0.5 and next_draws() == after_measuring
+
+
+def test_the_overlay_marks_e3_collapses_by_reward_or_grad_norm_only():
+    from triage_trl.lab.summarize import _collapse_step
+
+    verdict = {"collapsed": True, "reason": "k3", "step": 35, "criteria": {"k3": 35, "reward": 60}}
+    assert _collapse_step("nvfp4_naive@hot_1.3", verdict) == 60  # k3 rises by design at a hot-sampler dose
+    assert _collapse_step("nvfp4_naive@stress", verdict) == 35
+    assert _collapse_step("triage@hot_1.15", {"collapsed": True, "reason": "k3", "step": 31,
+                                              "criteria": {"k3": 31}}) is None

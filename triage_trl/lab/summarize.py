@@ -113,6 +113,18 @@ def _interval(value: dict, scale: float = 100.0) -> str:
                    else "")
 
 
+def _is_hot(label: str) -> bool:
+    """A run at one of E3's hot-sampler doses, where k3 rises by design (docs/stability.md, "Pre-registered rules")."""
+    dose = split_label(label)[1]
+    return dose in DOSES and DOSES[dose].sampler_temperature is not None
+
+
+def _collapse_step(label: str, verdict: dict) -> int | None:
+    """The step a run collapsed at (``run_collapse``), by reward or grad norm only at E3's hot-sampler doses."""
+    criteria = {k: v for k, v in verdict["criteria"].items() if not (_is_hot(label) and k == "k3")}
+    return min(criteria.values()) if criteria else None
+
+
 def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) -> list[str]:
     """The cost / gain / stability table (:func:`triage_trl.lab.metrics.cost_gain_stability`), one row per run label."""
     ref = [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in runs.get(reference, [])] or None
@@ -138,8 +150,7 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
         fell = [f"seed {r['seed']}: " + ", ".join(f"{why}@{step}" for why, step in
                                                  sorted(c["criteria"].items(), key=lambda kv: kv[1]))
                 for r, c in zip(rows, result["collapses"]) if c["collapsed"]]
-        dose = split_label(label)[1]
-        if dose in DOSES and DOSES[dose].sampler_temperature is not None:  # E3: k3 rises by design
+        if _is_hot(label):  # E3: k3 rises by design
             count = sum(bool(set(c["criteria"]) - {"k3"}) for c in result["collapses"])
             verdict = f"{count}/{len(rows)} by reward or grad norm"
         else:
@@ -369,8 +380,10 @@ def summarize(lab_dir: str) -> str:
     for name, rows in runs.items():
         lines.append(f"- `{name}`: {_describe(name, rows)}")
     lines += ["", "## Runs", ""] + _per_run(runs)
-    collapse_steps = {name: [c["step"] for c in (run_collapse(r["history"]) for r in rows) if c["collapsed"]]
-                      for name, rows in runs.items()}
+    collapse_steps = {}
+    for name, rows in runs.items():
+        steps = (_collapse_step(name, run_collapse(r["history"])) for r in rows)
+        collapse_steps[name] = [s for s in steps if s is not None]
     write_overlay({name: [with_fixed_probe(r["history"], r.get("probe")) for r in rows] for name, rows in runs.items()},
                   os.path.join(lab_dir, "overlay.png"), collapse_steps)
     lines += ["", "## Plots", "",
