@@ -150,11 +150,8 @@ def cost_gain_md(runs: dict[str, list[dict]], reference: str = BASELINE_CONFIG) 
         fell = [f"seed {r['seed']}: " + ", ".join(f"{why}@{step}" for why, step in
                                                  sorted(c["criteria"].items(), key=lambda kv: kv[1]))
                 for r, c in zip(rows, result["collapses"]) if c["collapsed"]]
-        if _is_hot(label):  # E3: k3 rises by design
-            count = sum(bool(set(c["criteria"]) - {"k3"}) for c in result["collapses"])
-            verdict = f"{count}/{len(rows)} by reward or grad norm"
-        else:
-            verdict = f"{len(fell)}/{len(rows)}"
+        count = sum(_collapse_step(label, c) is not None for c in result["collapses"])
+        verdict = f"{count}/{len(rows)}" + (" by reward or grad norm" if _is_hot(label) else "")
         lines.append(f"| {label} | {len(rows)} | {_interval(result['cost'])} | {_interval(result['gain'])} | "
                      f"{_interval(result['gain_sampled'])} | {_num(result['k3_slope'], '+.4f')} | "
                      f"{_num(result['probe_k3_slope'], '+.4f')} | {verdict}"

@@ -63,12 +63,12 @@ def refresh_cpu_mamba_conv_weights(model: nn.Module) -> int:
     weight, which the reload writes, and nothing is copied.
     """
     count = 0
-    for module in model.modules():
-        conv = getattr(module, "conv1d", None)
-        view = getattr(module, "conv_weights", None)
-        source = getattr(conv, "_cpu_unpacked_conv_weight", None)
-        # Without the stash nothing was packed (AVX2-only CPUs, GPUs): the view shares the storage the reload writes.
-        if source is None or not isinstance(view, torch.Tensor) or view.is_meta:
+    for module in model.modules():  # registered children and buffers read directly: every sync walks every module,
+        view = module._buffers.get("conv_weights")  # and getattr of a missing name raises inside nn.Module
+        if view is None or view.is_meta or "conv1d" not in module._modules:
+            continue
+        source = getattr(module._modules["conv1d"], "_cpu_unpacked_conv_weight", None)
+        if source is None:  # nothing was packed (AVX2-only CPUs, GPUs): the view shares the storage the reload writes
             continue
         if source.numel() != view.numel():
             raise RuntimeError(f"Mamba mixer {type(module).__name__}: its conv_weights {tuple(view.shape)} and the "
