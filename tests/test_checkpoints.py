@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from triage_trl.runtime import child_process_env
 from triage_trl.runtime.run_folder import LOCK_NAME
 from triage_trl.trainer.checkpoints import (
     PARTIAL_PREFIX,
@@ -86,7 +87,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
 @pytest.mark.slow
 def test_kill_during_a_save_then_resume_continues_from_the_last_complete_checkpoint(tmp_path, tiny_qwen3_dir):
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKER.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = child_process_env(PYTHONPATH=os.pathsep.join([str(WORKER.parents[1]), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, str(WORKER), tiny_qwen3_dir, str(run), "3"]
     proc = subprocess.Popen([*cmd, "--hang-at", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from triage_trl.export import RUN_RECORD, export_run, find_export_source
 from triage_trl.export.cli import main
 from triage_trl.models import SMOLLM2_HUB_ID
+from triage_trl.runtime import child_process_env
 from triage_trl.testing import save_tiny_qwen3
 
 PROMPTS = ["What is 3 + 4?", "Compute 12 - 5 step by step.", "The quick brown fox jumps over the lazy dog."]
@@ -248,7 +249,7 @@ def _hanging_export(run_dir, out, flag):
             "def hang(*a, **k):\n    pathlib.Path(sys.argv[3]).write_text('x'); time.sleep(600)\n"
             "w.export_card = hang\nfrom triage_trl.export.cli import main\n"
             "main([sys.argv[1], '--output', sys.argv[2]])\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    env = child_process_env(PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(out), str(flag)], env=env,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600

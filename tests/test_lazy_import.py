@@ -4,9 +4,11 @@ neither TRL nor vLLM (the names load on first use through the package's module `
 import subprocess
 import sys
 
+from triage_trl.runtime import child_process_env
+
 
 def _run(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run([sys.executable, "-c", code], env=child_process_env(), check=True, capture_output=True, text=True).stdout.strip()
 
 
 def test_import_triage_trl_loads_neither_trl_nor_vllm():

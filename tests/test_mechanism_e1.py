@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from triage_trl.lab.configs import scale_preset
+from triage_trl.runtime import child_process_env
 from triage_trl.lab.mechanism import (ARMS, MEASURES, PERMUTED_ARMS, batch_quadrants, engine_moves, mismatch_stats,
                                       paired_bootstrap, permute_within_groups, trl_importance_ratio)
 from script_module import load_script  # noqa: E402
@@ -161,19 +161,13 @@ def test_report_pairs_each_arm_with_naive(tmp_path):
     assert (tmp_path / "e1_quadrants.png").stat().st_size > 1000
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_smoke_mode_end_to_end_and_resume(tmp_path):
     """One batch x 7 arms on a tiny random Qwen3, then the run extended by a batch after its state.pt is deleted
     (resume by replaying the saved batch, as a committed run copied to a new machine does)."""
     out = tmp_path / "e1"
-    env = {**os.environ, "MASTER_PORT": _free_port(), "PYTHONPATH": ROOT}
+    env = child_process_env(PYTHONPATH=ROOT)
     cmd = [sys.executable, SCRIPT, "--smoke", "--batches", "1", "--output-dir", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

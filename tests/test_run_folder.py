@@ -14,7 +14,7 @@ from collections import namedtuple
 
 import pytest
 
-from triage_trl.runtime import run_folder
+from triage_trl.runtime import child_process_env, run_folder
 from triage_trl.runtime.run_folder import (
     LOCK_NAME,
     OutputFolderError,
@@ -88,7 +88,7 @@ def test_model_bytes(tmp_path, tiny_qwen3_dir):
 
 
 def test_lock_refuses_a_second_live_run(tmp_path):
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=child_process_env())
     try:
         (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": other.pid, "host": run_folder.socket.gethostname()}))
         with pytest.raises(OutputFolderError, match=f"is in use by run PID {other.pid} .*choose another --output_dir"):
@@ -101,7 +101,7 @@ def test_lock_refuses_a_second_live_run(tmp_path):
 
 
 def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], env=child_process_env(), capture_output=True, text=True)
     pid = int(dead.stdout)
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": run_folder.socket.gethostname()}))
     RunLock(tmp_path).check()  # a dead owner does not block
@@ -119,7 +119,7 @@ def test_concurrent_acquire_has_one_winner(tmp_path):
     code = ("import sys, time; from triage_trl.runtime.run_folder import RunLock, OutputFolderError\n"
             "try:\n    RunLock(sys.argv[1]).acquire(); print('won', flush=True); time.sleep(20)\n"
             "except OutputFolderError:\n    print('refused', flush=True)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    env = child_process_env(PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]
     lines = sorted(p.stdout.readline().strip() for p in procs)
@@ -191,7 +191,7 @@ def test_trainer_refuses_read_only_and_full_folders_before_the_model_loads(tmp_p
 def test_trainer_refuses_a_folder_a_live_run_holds(tmp_path, tiny_qwen3_dir, no_model_load):
     from triage_trl.trainer import TriageGRPOTrainer
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=child_process_env())
     try:
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / LOCK_NAME).write_text(json.dumps({"pid": other.pid,
@@ -243,7 +243,7 @@ def test_cli_refuses_read_only_full_held_and_finished_folders(tmp_path, monkeypa
     (out / "checkpoint-3").mkdir(parents=True)
     assert main(argv) == 2
     assert "already holds a run (checkpoint-3): resume it with --resume_from_checkpoint true" in _last_line(capsys)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=child_process_env())
     try:
         (out / LOCK_NAME).write_text(json.dumps({"pid": other.pid, "host": run_folder.socket.gethostname()}))
         assert main([*argv, "--resume_from_checkpoint", "true"]) == 2
