@@ -24,7 +24,8 @@ install: $(VENV)/.installed
 
 # Two pytest workers (pytest-xdist): most of the suite's time is single-threaded (interpreter and engine start-up,
 # subprocess launches, math-verify), so two workers share two cores: 10.5-14.5 minutes on a clean clone on an AVX2-only
-# CPU (2026-12-04; 21.2 in one process before the shared-prompt forward), about 14 GB at the peak. TEST_WORKERS=0 runs it
+# CPU (2026-12-04/05; 21.2 in one process before the shared-prompt forward), 7.5-8.2 with AVX512-BF16 (2026-12-05);
+# 12-17 GB at the peak. TEST_WORKERS=0 runs it
 # in one process. Each worker takes whole modules (--dist loadscope: a module's fixtures run once), the slowest first
 # (tests/module_seconds.json, read by tests/conftest.py; TRIAGE_TEST_TIMES=tests/module_seconds.json rewrites it),
 # on one torch thread and a rendezvous port of its own (tests/conftest.py).
@@ -33,15 +34,15 @@ test: install
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The README's run command: TRIAGE-GRPO on SmolLM2-135M-Instruct (NVFP4 sampler + learner, LoRA), reasoning-gym
-# arithmetic: 4.9 minutes on 2 AVX2-only cores (2026-12-04: both engines in float32, 12 steps of 9-16 s); 6-7 minutes
-# on 2 cores with AVX512-BF16 before the shared-prompt forward (2026-12-01). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
+# arithmetic: 4.9 minutes on 2 AVX2-only cores (2026-12-04: both engines in float32, 12 steps of 9-16 s); 2.1 minutes
+# on 2 cores with AVX512-BF16 (2026-12-05, installed: 12 steps of 5-7 s). Writes runs/demo (LoRA adapter, card, trainer_state.json, plots/).
 # DEMO_ARGS=--quick: 2 steps.
 .PHONY: demo
 demo: install
 	$(BIN)/python -m triage_trl.demo --output-dir runs/demo $(DEMO_ARGS)
 
-# Every lab configuration x mismatch dose x 3 seeds on SmolLM2-135M (42 runs of the demo's budget, about 5.7 hours on
-# 2 CPU cores with AVX512-BF16; resumable). LAB_ARGS e.g. "--seeds 0 --doses paper --configs bf16 nvfp4_naive triage" or
+# Every lab configuration x mismatch dose x 3 seeds on SmolLM2-135M (84 runs of the demo's budget, about 11 hours on
+# 2 CPU cores with AVX512-BF16, about 2x that with AVX2 only; resumable; --dry-run in LAB_ARGS prints the plan). LAB_ARGS e.g. "--seeds 0 --doses paper --configs bf16 nvfp4_naive triage" or
 # "--scale gpu". Writes runs/stability_lab.
 .PHONY: stability-lab
 stability-lab: install
