@@ -95,7 +95,8 @@ def test_floor_counts_the_lm_head_on_scored_positions_only(monkeypatch):
 def test_bench_step_smoke_prints_every_phase_and_the_ratio():
     cmd = [sys.executable, os.path.join(BENCHMARKS, "bench_step.py"), "--model", "tiny-qwen3", "--warmup", "0",
            "--steps", "1", "--prompts", "1", "--generations", "2", "--max-completion-length", "4", "--lora-rank", "4", "--nvfp4-recipe", "all"]
-    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580, check=False)
+    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580,
+                          check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for arm in ("bf16_trl", "nvfp4_triage"):
         for phase in ("generation", "sync", "logprobs", "objective", "backward", "optimizer", "other", "step"):

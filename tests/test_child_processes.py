@@ -15,7 +15,8 @@ REMEDY = "pass env=child_process_env(...) (triage_trl.runtime)"
 def _inherits_environ(value: ast.expr) -> bool:
     """``env=os.environ``, ``env={**os.environ, ...}``, ``env=dict(os.environ)`` or ``env=None``: the parent's
     rendezvous variables go to the child."""
-    if isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", "")) == "child_process_env":
+    called = getattr(value.func, "id", getattr(value.func, "attr", "")) if isinstance(value, ast.Call) else ""
+    if called == "child_process_env":
         return False
     names = {node.attr for node in ast.walk(value) if isinstance(node, ast.Attribute)}
     return "environ" in names or (isinstance(value, ast.Constant) and value.value is None)

@@ -8,7 +8,9 @@ from triage_trl.runtime import child_process_env
 
 
 def _run(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], env=child_process_env(), check=True, capture_output=True, text=True).stdout.strip()
+    done = subprocess.run([sys.executable, "-c", code], env=child_process_env(), check=True, capture_output=True,
+                          text=True)
+    return done.stdout.strip()
 
 
 def test_import_triage_trl_loads_neither_trl_nor_vllm():

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from triage_trl.lab.configs import scale_preset
-from triage_trl.runtime import child_process_env
 from triage_trl.lab.mechanism import (ARMS, MEASURES, PERMUTED_ARMS, batch_quadrants, engine_moves, mismatch_stats,
                                       paired_bootstrap, permute_within_groups, trl_importance_ratio)
+from triage_trl.runtime import child_process_env
 from script_module import load_script  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -88,7 +88,8 @@ def test_sdist_and_wheel_carry_recipes_configs_and_template(tmp_path):
                     ignore=shutil.ignore_patterns("__pycache__"))
     build = ("from setuptools import build_meta; "
              "print('BUILT', build_meta.build_sdist('dist'), build_meta.build_wheel('dist'))")
-    done = subprocess.run([sys.executable, "-c", build], cwd=src, env=child_process_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", build], cwd=src, env=child_process_env(), capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     _, sdist_name, wheel_name = next(line for line in done.stdout.splitlines() if line.startswith("BUILT ")).split()
     wheel = src / "dist" / wheel_name

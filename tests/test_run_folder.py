@@ -101,7 +101,8 @@ def test_lock_refuses_a_second_live_run(tmp_path):
 
 
 def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], env=child_process_env(), capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], env=child_process_env(),
+                          capture_output=True, text=True)
     pid = int(dead.stdout)
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": run_folder.socket.gethostname()}))
     RunLock(tmp_path).check()  # a dead owner does not block

@@ -532,7 +532,8 @@ def test_smoke_lab_end_to_end(tmp_path):
     lab_dir = tmp_path / "lab"
     cmd = [sys.executable, LAB_SCRIPT, "--scale", "smoke", "--configs", "nvfp4_naive", "triage", "--seeds", "0",
            "--output-dir", str(lab_dir)]
-    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580, check=False)
+    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580,
+                          check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[2/2] triage@stress seed 0: ok" in done.stdout
     for name in ("nvfp4_naive", "triage"):
@@ -566,7 +567,8 @@ def test_smoke_lab_end_to_end(tmp_path):
     assert (lab_dir / "overlay.png").stat().st_size > 1000
     assert (lab_dir / "observations_stress.png").stat().st_size > 1000
     # resume: a second call skips both runs and only summarizes
-    again = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=120, check=False)
+    again = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=120,
+                           check=False)
     assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 2
 
 
