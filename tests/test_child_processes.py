@@ -48,3 +48,22 @@ def test_the_check_finds_inherited_environments(tmp_path):
                       "subprocess.run(['true'], env=child_process_env(A=os.environ.get('A', '')))\n")
     assert [f.split(" ")[0] for f in _unsafe_starts(sample)] == ["sample.py:2", "sample.py:3", "sample.py:4",
                                                                   "sample.py:5"]
+
+
+def test_child_process_env_gives_the_child_a_port_of_its_own(monkeypatch):
+    import socket
+
+    from triage_trl.runtime import child_process_env
+
+    with socket.socket() as held:  # the parent's rendezvous, listening (a live in-process engine's store)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        monkeypatch.setenv("MASTER_PORT", port)
+        monkeypatch.setenv("RANK", "0")
+        env = child_process_env(EXTRA="1")
+        assert "RANK" not in env and env["EXTRA"] == "1"
+        assert env["MASTER_PORT"] != port and int(env["MASTER_PORT"]) > 0
+        with socket.socket() as child:  # the child can listen there
+            child.bind(("127.0.0.1", int(env["MASTER_PORT"])))
+    assert child_process_env(MASTER_PORT="1234")["MASTER_PORT"] == "1234"

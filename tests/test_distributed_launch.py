@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +21,6 @@ import pytest
 
 from triage_trl.runtime import child_process_env
 
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (accelerate's default, 29500, may be held by another run's ranks)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 def ddp_ranks(tmp_path_factory):
     """Run the tiny recipe on two processes once; the two ranks' reports."""
     out = tmp_path_factory.mktemp("ddp")
+    # the child's own free MASTER_PORT (accelerate's default, 29500, may be held by another run's ranks)
+    env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "accelerate_configs" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
+           str(REPO / "accelerate_configs" / "cpu_ddp.yaml"), "--main_process_port", env["MASTER_PORT"],
            str(REPO / "tests" / "distributed_entry.py"),
            "--config", str(REPO / "recipes" / "tiny_cpu.yaml"), "--output_dir", str(out),
            "--report_to", "none"]  # the report's extra sync logs after train() has ended the tracker's run
-    env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]

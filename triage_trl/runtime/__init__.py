@@ -100,8 +100,12 @@ def preserved_torch_threads() -> Iterator[None]:
 
 def child_process_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child process that starts its own run (a lab worker, a test's launcher):
-    without the torch.distributed rendezvous variables (``RENDEZVOUS_ENV``), plus ``extra``."""
+    without the torch.distributed rendezvous variables (``RENDEZVOUS_ENV``) but with a ``MASTER_PORT`` of its own (a
+    free port now: left unset, accelerate gives every such child 29500, and two at once collide), plus ``extra``."""
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_ENV}
+    env["MASTER_PORT"] = str(get_free_port())
     env.update(extra)
     return env
 
