@@ -243,3 +243,19 @@ def test_quantize_packed_and_dequantize_packed_are_the_export_and_vllm_bit_for_b
         reference = dequantize_to_dtype(packed, scale, multiplier, dtype, 16, swizzle=False)
         ours = nvfp4_dequantize_packed(packed, scale, multiplier, dtype, compiled=compiled)
         assert torch.equal(ours.view(bits), reference.view(bits)), dtype
+        # the direct sync's values, from the quantisation pass itself: what vLLM decodes, and the same codes
+        packed2, scale2, values = nvfp4_quantize_packed(w, 1.0 / global_scale, four_over_six=four_over_six,
+                                                        compiled=compiled, values_dtype=dtype)
+        assert torch.equal(values.view(bits), reference.view(bits)), dtype
+        assert torch.equal(packed2, packed) and torch.equal(scale2.view(torch.uint8), scale.view(torch.uint8))
+
+
+def test_pack_codes_is_torchaos_pack_uint4():
+    """Two codes a byte, element 2j in the low nibble: torchao's layout on every pair of codes and on a batch of
+    rows of another width."""
+    from torchao.prototype.mx_formats.kernels import pack_uint4
+
+    codes = torch.cartesian_prod(torch.arange(16), torch.arange(16)).to(torch.uint8).reshape(4, 128)
+    assert torch.equal(nx.pack_codes(codes), pack_uint4(codes))
+    rows = torch.randint(0, 16, (2, 3, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(nx.pack_codes(rows), pack_uint4(rows))

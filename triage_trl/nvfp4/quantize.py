@@ -21,8 +21,6 @@ import threading
 from collections.abc import Callable
 
 import torch
-from torchao.prototype.mx_formats.kernels import pack_uint4
-
 from . import numerics
 from .numerics import BLOCK_SIZE, dynamic_per_tensor_scale
 
@@ -160,20 +158,25 @@ def nvfp4_fake_quantize_vllm(x: torch.Tensor, global_scale: torch.Tensor, *, com
 
 
 def nvfp4_quantize_packed(
-    weight: torch.Tensor, per_tensor_scale: torch.Tensor, *, four_over_six: bool = False, compiled: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight [out, in] in compressed-tensors' NVFP4 layout: one fused pass to 4-bit codes, then torchao's
-    ``pack_uint4`` (the export's, at every sync).
+    weight: torch.Tensor, per_tensor_scale: torch.Tensor, *, four_over_six: bool = False, compiled: bool = True,
+    values_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """A weight [out, in] in compressed-tensors' NVFP4 layout: one fused pass to 4-bit codes and E4M3 block
+    scales, then ``numerics.pack_codes`` (torchao's ``pack_uint4`` layout; the export's, at every sync).
 
     Args:
         weight: bfloat16/float32 [out, in], ``in`` a multiple of 16.
         per_tensor_scale: 0-dim float32 multiplier (``1 / global_scale``).
         four_over_six: "4 over 6" block scales (``numerics.quantize_torchao``).
         compiled: the ``torch.compile``'d pass (default) or the same ops eagerly; the same bits.
+        values_dtype: also return, from the same pass, the dequantised weight [out, in] in this dtype: what
+            :func:`nvfp4_dequantize_packed` (vLLM's ``dequantize_to_dtype``) decodes from the result, bit for bit
+            when ``per_tensor_scale`` is the reciprocal of a power of two (the export's global scales).
 
     Returns:
         ``(weight_packed, weight_scale)``: uint8 [out, in/2] and float8_e4m3fn [out, in/16], bit-identical to
-        ``numerics.encode_e2m1(numerics.quantize_torchao(weight, ...))`` (torchao's quantisation and packing).
+        ``numerics.encode_e2m1(numerics.quantize_torchao(weight, ...))`` (torchao's quantisation and packing);
+        ``(weight_packed, weight_scale, values)`` with ``values_dtype``.
 
     Raises:
         TypeError / ValueError: unsupported dtype, not 2-D, or ``in`` not a multiple of 16.
@@ -181,9 +184,14 @@ def nvfp4_quantize_packed(
     _check_input(weight)
     if weight.dim() != 2:
         raise ValueError(f"nvfp4_quantize_packed takes a 2-D weight [out, in], got shape {tuple(weight.shape)}.")
-    codes, scale = _run_2d(numerics.quantize_codes_torchao, weight.detach(), _scalar(per_tensor_scale, weight.device),
-                           four_over_six, compiled=compiled)
-    return pack_uint4(codes.to(torch.uint8)), scale.to(torch.float8_e4m3fn)
+    scale = _scalar(per_tensor_scale, weight.device)
+    if values_dtype is None:
+        codes, block_scale = _run_2d(numerics.quantize_codes_torchao, weight.detach(), scale, four_over_six,
+                                     compiled=compiled)
+        return numerics.pack_codes(codes), block_scale
+    codes, block_scale, values = _run_2d(numerics.quantize_codes_and_values_torchao, weight.detach(), scale,
+                                         four_over_six, values_dtype, compiled=compiled)
+    return numerics.pack_codes(codes), block_scale.to(torch.float8_e4m3fn), values
 
 
 def nvfp4_dequantize_packed(
@@ -197,10 +205,8 @@ def nvfp4_dequantize_packed(
         raise ValueError(f"packed NVFP4 weights must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}.")
     if packed.numel() == 0:
         return torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=dtype, device=packed.device)
-    widened = packed.to(torch.int32)  # int32: uint8 arithmetic compiles to scalar loops on CPU
-    out = _run_2d(numerics.decode_packed, widened, block_scale.view(torch.float8_e4m3fn).float(),
-                  _scalar(global_scale, packed.device), compiled=compiled)
-    return out.to(dtype)
+    return _run_2d(numerics.decode_packed, packed, block_scale.view(torch.float8_e4m3fn),
+                   _scalar(global_scale, packed.device), dtype, compiled=compiled)
 
 
 def compile_failures() -> dict[tuple[str, str], str]:
