@@ -313,19 +313,24 @@ def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monk
                                                            architecture):
     """After the first load a sync writes the engine's layers directly (``sampler.direct_write``), without vLLM's
     layerwise reload: every parameter and buffer, the NVFP4 kernel's dequantised weights and the log-probs of the
-    probe equal, bit for bit, what ``reload_weights`` makes of the same learner weights; no reload call runs."""
+    probe equal, bit for bit, what ``reload_weights`` makes of the same learner weights; no reload call runs, and
+    no NVFP4 weight is decoded (the kernel takes the values the export's quantisation computed)."""
+    from triage_trl.sampler import cpu_kernel
+
     s = triage_samplers(precision, tied=tied, architecture=architecture)
     assert s.gen.direct_write_ok == (True, "") and s.gen.kernel_report["weight_sync"].startswith("direct write")
     ids = s.tokenizer(PROBE)["input_ids"]
     runner = model_runner(s.gen)
-    calls = []
+    calls, decodes = [], []
     original = runner.reload_weights
     monkeypatch.setattr(runner, "reload_weights", lambda **kw: calls.append(1) or original(**kw))
+    decode = cpu_kernel.nvfp4_dequantize_packed
+    monkeypatch.setattr(cpu_kernel, "nvfp4_dequantize_packed", lambda *a, **k: decodes.append(1) or decode(*a, **k))
     before = s.gen.score_logps([ids])[0]
     deltas = perturb(s.model, seed=11, chosen=lambda n: n.endswith("weight"))  # linears, norms, vocabulary
     try:
         s.gen.sync_weights()
-        assert calls == [] and s.gen.direct_write.passed_on == []
+        assert calls == [] and s.gen.direct_write.passed_on == [] and decodes == []
         followed = probe_gap(s, ids)  # the sampler follows the learner's move (not two stale engines alike)
         assert s.gen.direct_write.missed == []
         written = s.gen.direct_write.written
@@ -334,7 +339,7 @@ def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monk
         direct_state, direct_logps = engine_state(s.gen), s.gen.score_logps([ids])[0]
         monkeypatch.setattr(s.gen, "direct_write_ok", (False, "the reference"))
         s.gen.sync_weights()
-        assert calls == [1]
+        assert calls == [1] and len(decodes) == len(direct_state[1])  # the reload decodes every NVFP4 layer
         reload_state, reload_logps = engine_state(s.gen), s.gen.score_logps([ids])[0]
         monkeypatch.undo()
     finally:

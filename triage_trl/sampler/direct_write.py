@@ -15,7 +15,8 @@ function the reload would have called:
 
 * unquantised linears without a bias (``UnquantizedLinearMethod``: vLLM packs the weight for its CPU GEMM);
 * compressed-tensors NVFP4 W4A4 linears without a bias run by ``cpu_kernel.FastCpuNvFp4LinearKernel`` (the scheme
-  renames, reduces the fused global scales and calls the kernel, which dequantises once);
+  renames, reduces the fused global scales and calls the kernel, which takes the dequantised weight the export's
+  quantisation pass computed with the codes, :data:`DEQUANTISED_ATTR`, instead of decoding the packed one again);
 * ``RMSNorm`` weights (copied in place, as the model's default weight loader does);
 * vocabulary matrices of the checkpoint's shape (copied in place and re-packed; the tied ``lm_head`` is refreshed
   after the sync, ``cpu_reload.refresh_cpu_lm_heads``).
@@ -43,7 +44,7 @@ from torch import nn
 
 from .reload_warnings import NOT_FROM_CHECKPOINT, NOT_LOADED, filtered_reload_warnings
 
-__all__ = ["DIRECT_WRITE_MODEL_CLASSES", "DirectWrite", "direct_write_supported"]
+__all__ = ["DEQUANTISED_ATTR", "DIRECT_WRITE_MODEL_CLASSES", "DirectWrite", "direct_write_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ DIRECT_WRITE_MODEL_CLASSES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})
 vLLM's Transformers backend (``model_impl="transformers"``) is another class and reloads."""
 
 _NVFP4_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
+
+DEQUANTISED_ATTR = "_nvfp4_dequantised_by_export"
+"""The layer attribute through which :class:`DirectWrite` hands an NVFP4 layer the [out, in] values (model dtype) its
+packed weight decodes to, computed by the export's own quantisation pass (``checkpoint_tensors.DequantisedWeights``):
+``cpu_kernel.FastCpuNvFp4LinearKernel.process_weights_after_loading`` takes (and removes) it instead of decoding."""
 
 
 def direct_write_supported(*, model_class: str | None, on_cpu: bool, enforce_eager: bool, tensor_parallel_size: int,
@@ -109,7 +115,8 @@ class DirectWrite:
         self._written_counts: Counter[str] = Counter()  # layer class -> layers of it written directly
 
     def write(self, model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-              skipped: Sequence[str] = ()) -> list[tuple[str, torch.Tensor]]:
+              skipped: Sequence[str] = (), dequantised: dict[str, torch.Tensor] | None = None
+              ) -> list[tuple[str, torch.Tensor]]:
         """Write every layer of ``model`` (a loaded vLLM model, inside ``llm.apply_model``) that ``weights`` completes
         and this class knows; return the other ``(name, tensor)`` pairs, in order, for ``reload_weights``.
 
@@ -118,6 +125,10 @@ class DirectWrite:
         unit (tensors passed on are held until the end). A layer still incomplete when ``weights`` ends is passed on
         whole. ``skipped``: checkpoint names left out on purpose (``frozen_vocab.FrozenVocabSkip.skipped``, read
         once ``weights`` is consumed); any other known layer that received nothing is in :attr:`missed`.
+        ``dequantised``: the export's dequantised NVFP4 weights by checkpoint prefix
+        (``checkpoint_tensors.DequantisedWeights.by_name``, filled while ``weights`` is read): an NVFP4 layer whose
+        members all have one takes them (concatenated) instead of decoding its packed weight
+        (``cpu_kernel.DEQUANTISED_ATTR``); entries are removed as their layers complete.
         """
         from vllm.model_executor.layers.linear import LinearBase
 
@@ -138,7 +149,7 @@ class DirectWrite:
             target.needed.discard(name)
             if not target.needed:
                 del targets[layer_name]
-                if self._write(target):
+                if self._write(target, dequantised):
                     self.written.append(layer_name)
                     self._written_counts[type(target.module).__name__] += 1
                 else:
@@ -198,9 +209,10 @@ class DirectWrite:
         targets[layer_name] = target
         return layer_name, target
 
-    def _write(self, target: _Target) -> bool:
+    def _write(self, target: _Target, dequantised: dict[str, torch.Tensor] | None = None) -> bool:
         """Write ``target``'s layer from its tensors; ``False`` (nothing written) when they do not fit its shapes."""
         module, got = target.module, target.got
+        values = [dequantised.pop(m, None) for m in target.members] if dequantised is not None else []
         if target.kind in ("norm", "vocab"):
             (tensor,) = got.values()
             if tuple(tensor.shape) != tuple(module.weight.shape):
@@ -220,6 +232,8 @@ class DirectWrite:
             setattr(module, x, nn.Parameter(tensor, requires_grad=False))
         if hasattr(module, "_already_called_process_weights_after_loading"):
             delattr(module, "_already_called_process_weights_after_loading")
+        if target.kind == "nvfp4" and values and all(v is not None for v in values):
+            setattr(module, DEQUANTISED_ATTR, torch.cat(values) if len(values) > 1 else values[0])
         module.quant_method.process_weights_after_loading(module)
         return True
 

@@ -44,6 +44,7 @@ import torch
 from accelerate.utils import is_peft_model
 from trl.generation.vllm_generation import VLLMGeneration
 
+from ..nvfp4.checkpoint_tensors import DequantisedWeights
 from ..nvfp4.config import PRECISIONS
 from ..models.blocks import parameters_materialized
 from .direct_write import DirectWrite, direct_write_supported
@@ -307,12 +308,16 @@ class TriageVLLMGeneration(VLLMGeneration):
         skip = self.frozen_vocab
         # Sharded learners gather a copy per sync; sleep mode (level 2) discards the engine's weights.
         skip.plan(self.model, enabled=not (self._dist.is_fsdp or self._dist.is_zero3 or self.enable_sleep_mode))
-        weights = self._iter_sampler_weights(copy_after, kept, skip)
         writer = self.direct_write
         writer.reset()
         direct = self._engine_loaded and self.direct_write_ok[0]
+        # Written directly, an NVFP4 layer takes the values the export's quantisation pass computed (no decode)
+        values = (DequantisedWeights(self.llm.llm_engine.model_config.dtype)
+                  if direct and self.sampler_precision == "nvfp4" else None)
+        weights = self._iter_sampler_weights(copy_after, kept, skip, values)
         if direct:  # the rest (often nothing) goes through the reload below
-            weights = iter(self.llm.apply_model(lambda model: writer.write(model, weights, skip.skipped))[0])
+            weights = iter(self.llm.apply_model(
+                lambda model: writer.write(model, weights, skip.skipped, values and values.by_name))[0])
         if not direct or writer.passed_on:
             with skip.quiet_reload(), writer.quiet_reload():
                 self.llm.collective_rpc("reload_weights",
@@ -360,15 +365,18 @@ class TriageVLLMGeneration(VLLMGeneration):
     # ------------------------------------------------------------------ sync
 
     def _iter_sampler_weights(self, keep: re.Pattern | None = None, kept: list | None = None,
-                              skip: FrozenVocabSkip | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                              skip: FrozenVocabSkip | None = None, values: DequantisedWeights | None = None
+                              ) -> Iterator[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights for vLLM, as the engine stores them (NVFP4-packed, re-quantised now, or bf16),
         one decoder block made whole at a time (``triage_trl.nvfp4.checkpoint_tensors.iter_checkpoint_weights``),
         less what ``skip`` leaves out (``frozen_vocab.FrozenVocabSkip.filter``, before any cast); a copy of each
-        tensor whose name matches ``keep`` is appended to ``kept``."""
+        tensor whose name matches ``keep`` is appended to ``kept``; each NVFP4 linear's dequantised weight is left
+        in ``values`` when given."""
         from ..nvfp4.checkpoint_tensors import iter_checkpoint_weights
 
         weights = iter_checkpoint_weights(
-            self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales
+            self.model, selection=self.nvfp4_selection, input_global_scales=self.input_global_scales,
+            dequantised=values,
         )
         if skip is not None:
             weights = skip.filter(weights)
