@@ -17,7 +17,7 @@ from triage_trl.nvfp4.learner import (
     native_nvfp4_available,
     register_nvfp4_cache_invalidation,
 )
-from triage_trl.nvfp4.quantize import nvfp4_fake_quantize_reference
+from triage_trl.nvfp4.quantize import nvfp4_fake_quantize, nvfp4_fake_quantize_reference
 
 SAMPLER_SCALES = NVFP4Config(learner_precision="nvfp4", sampler_precision="nvfp4", nvfp4_emulation_dtype="fp32")
 
@@ -112,6 +112,28 @@ def test_a_frozen_nvfp4_base_keeps_its_cached_weight_across_optimizer_steps(monk
     assert invalidate_nvfp4_weight_caches(layer, trainable_only=True) == 1
     layer(x)
     assert calls == [(48, 64)] * 2
+
+
+def test_fp32_master_with_bf16_compute_caches_the_gemm_operand_and_drops_it_with_the_weight_cache():
+    """An fp32 master computing in bf16: the forward multiplies the fake-quantised weight rounded to bf16 (held in
+    the GEMM's dtype), cast once per weight generation, not at every forward; the values are those of the cast."""
+    from triage_trl.nvfp4.emulated import _gemm_dtype
+
+    torch.manual_seed(0)
+    layer = NVFP4EmulatedLinear.from_linear(nn.Linear(64, 48, bias=False), compute_dtype=torch.bfloat16)
+    x = torch.randn(4, 64)
+    gemm = _gemm_dtype(torch.bfloat16, "cpu")
+    first = layer.gemm_weight(x)
+    assert first.dtype == gemm and layer.gemm_weight(x) is first
+    assert torch.equal(first, layer.fake_quantized_weight().to(torch.bfloat16).to(gemm))
+    expected = F.linear(nvfp4_fake_quantize(x).to(torch.bfloat16).to(gemm), first).to(torch.bfloat16).float()
+    assert torch.equal(layer(x), expected)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    invalidate_nvfp4_weight_caches(layer)
+    second = layer.gemm_weight(x)
+    assert second is not first and torch.equal(second, layer.fake_quantized_weight().to(torch.bfloat16).to(gemm))
+    assert not torch.equal(second, first)
 
 
 def test_deepspeed_style_data_copy_is_fresh_after_invalidation():
