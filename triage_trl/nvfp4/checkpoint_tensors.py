@@ -170,6 +170,8 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
             scale = scales[name].detach().float().reshape(()).cpu()
             group_w_amax[g] = torch.maximum(group_w_amax[g], amax) if g in group_w_amax else amax
             group_in_scale[g] = torch.minimum(group_in_scale[g], scale) if g in group_in_scale else scale
+    # once per fused group (its members share both scales): the scalar work is per layer, not per element
+    group_scales = {g: (global_scale_from_amax(amax), group_in_scale[g]) for g, amax in group_w_amax.items()}
     done: set[str] = set()
     for key, tensor in keys:
         owner = owners[key]
@@ -181,8 +183,7 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
             done.add(owner)
             base = base_linear(linears[owner])
             if owner in quantized:
-                g = fused_group(owner)
-                yield from _nvfp4_linear(owner, weights[owner], group_w_amax[g], group_in_scale[g], four_over_six,
+                yield from _nvfp4_linear(owner, weights[owner], *group_scales[fused_group(owner)], four_over_six,
                                          dequantised)
             elif id(base.weight) not in seen:  # a tied lm_head goes once, as the embedding
                 seen.add(id(base.weight))
@@ -200,9 +201,8 @@ def _owning_linear(key: str, linears: Mapping[str, nn.Module]) -> str | None:
     return None
 
 
-def _nvfp4_linear(name, weight, w_amax, input_scale, four_over_six, dequantised
+def _nvfp4_linear(name, weight, global_scale, input_scale, four_over_six, dequantised
                   ) -> Iterator[tuple[str, torch.Tensor]]:
-    global_scale = global_scale_from_amax(w_amax)
     per_tensor_scale = (1.0 / global_scale).to(weight.device)
     if dequantised is None:
         packed, block_scale = nvfp4_quantize_packed(weight, per_tensor_scale, four_over_six=four_over_six)

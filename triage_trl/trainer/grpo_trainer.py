@@ -246,7 +246,8 @@ class TriageGRPOTrainer(GRPOTrainer):
         # Padded as the training batches are (torchao's native NVFP4 kernels need 128-token multiples).
         input_ids, mask, _ = probe_batch(ids, self._pad_token_id(), self.args.pad_to_multiple_of)
         device = self.accelerator.device
-        logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits[0, : len(ids) - 1]
+        logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                            use_cache=False).logits[0, : len(ids) - 1]
         targets = torch.tensor(ids[1:], device=logits.device)[:, None]
         learner_logps = torch.log_softmax(logits.float() / PROBE_TEMPERATURE, -1).gather(-1, targets)[:, 0]
         learner_logps = learner_logps.detach().double().cpu()
