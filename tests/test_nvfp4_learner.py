@@ -114,26 +114,36 @@ def test_a_frozen_nvfp4_base_keeps_its_cached_weight_across_optimizer_steps(monk
     assert calls == [(48, 64)] * 2
 
 
-def test_fp32_master_with_bf16_compute_caches_the_gemm_operand_and_drops_it_with_the_weight_cache():
+def test_fp32_master_with_bf16_compute_caches_the_gemm_operand_and_drops_it_with_the_weight_cache(monkeypatch):
     """An fp32 master computing in bf16: the forward multiplies the fake-quantised weight rounded to bf16 (held in
-    the GEMM's dtype), cast once per weight generation, not at every forward; the values are those of the cast."""
-    from triage_trl.nvfp4.emulated import _gemm_dtype
+    the GEMM's dtype), cast once per weight generation and not again in the forward; the values are those of the
+    cast. Under ``torch.inference_mode`` nothing is cached (an inference tensor would break the next backward)."""
+    from triage_trl.nvfp4 import emulated
 
     torch.manual_seed(0)
     layer = NVFP4EmulatedLinear.from_linear(nn.Linear(64, 48, bias=False), compute_dtype=torch.bfloat16)
     x = torch.randn(4, 64)
-    gemm = _gemm_dtype(torch.bfloat16, "cpu")
-    first = layer.gemm_weight(x)
-    assert first.dtype == gemm and layer.gemm_weight(x) is first
+    gemm = emulated._gemm_dtype(torch.bfloat16, "cpu")
+    first, ready = layer.gemm_weight(x)
+    assert ready and first.dtype == gemm and layer.gemm_weight(x)[0] is first
     assert torch.equal(first, layer.fake_quantized_weight().to(torch.bfloat16).to(gemm))
+    seen = []
+    real_linear = emulated.F.linear
+    monkeypatch.setattr(emulated.F, "linear", lambda a, w, b=None: seen.append(w) or real_linear(a, w, b))
     expected = F.linear(nvfp4_fake_quantize(x).to(torch.bfloat16).to(gemm), first).to(torch.bfloat16).float()
-    assert torch.equal(layer(x), expected)
+    assert torch.equal(layer(x), expected) and seen[-1] is first  # the cached operand itself, not a recast copy
     with torch.no_grad():
         layer.weight.mul_(2.0)
     invalidate_nvfp4_weight_caches(layer)
-    second = layer.gemm_weight(x)
+    with torch.inference_mode():
+        fresh, ready = layer.gemm_weight(x)
+        stale = layer._weight_cache_key[0] != layer.weight_generation.value  # nothing refilled in here
+        assert not ready and stale and layer._gemm_weight[1] is first and not torch.equal(fresh, first.float())
+    second, _ = layer.gemm_weight(x)
     assert second is not first and torch.equal(second, layer.fake_quantized_weight().to(torch.bfloat16).to(gemm))
-    assert not torch.equal(second, first)
+    x.requires_grad_(True)
+    layer(x).sum().backward()  # the cache built outside inference mode trains
+    assert x.grad is not None and not torch.equal(second, first)
 
 
 def test_deepspeed_style_data_copy_is_fresh_after_invalidation():

@@ -243,11 +243,19 @@ def test_quantize_packed_and_dequantize_packed_are_the_export_and_vllm_bit_for_b
         reference = dequantize_to_dtype(packed, scale, multiplier, dtype, 16, swizzle=False)
         ours = nvfp4_dequantize_packed(packed, scale, multiplier, dtype, compiled=compiled)
         assert torch.equal(ours.view(bits), reference.view(bits)), dtype
-        # the direct sync's values, from the quantisation pass itself: what vLLM decodes, and the same codes
-        packed2, scale2, values = nvfp4_quantize_packed(w, 1.0 / global_scale, four_over_six=four_over_six,
-                                                        compiled=compiled, values_dtype=dtype)
-        assert torch.equal(values.view(bits), reference.view(bits)), dtype
-        assert torch.equal(packed2, packed) and torch.equal(scale2.view(torch.uint8), scale.view(torch.uint8))
+    # the direct sync's values, from the quantisation pass itself: what vLLM decodes, and the same codes (several
+    # heavy-tailed weights: the "4 over 6" choice between two block scales must fall alike in both compiled passes)
+    for seed, shape in ((11, (96, 80)), (12, (256, 576)), (13, (40, 1536))):
+        w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) ** 3
+        w[0, :16] = 0.0
+        per_tensor = 1.0 / nx.global_scale_from_amax(w.abs().amax())
+        packed, scale = nvfp4_quantize_packed(w, per_tensor, four_over_six=four_over_six, compiled=compiled)
+        for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+            reference = dequantize_to_dtype(packed, scale, per_tensor.reshape(1), dtype, 16, swizzle=False)
+            packed2, scale2, values = nvfp4_quantize_packed(w, per_tensor, four_over_six=four_over_six,
+                                                            compiled=compiled, values_dtype=dtype)
+            assert torch.equal(values.view(bits), reference.view(bits)), (seed, dtype)
+            assert torch.equal(packed2, packed) and torch.equal(scale2.view(torch.uint8), scale.view(torch.uint8))
 
 
 def test_pack_codes_is_torchaos_pack_uint4():

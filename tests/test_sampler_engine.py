@@ -358,12 +358,16 @@ def test_direct_write_leaves_the_engine_as_the_reload_does(triage_samplers, monk
 @pytest.mark.slow
 def test_direct_write_passes_what_it_does_not_know_to_one_reload(triage_samplers, monkeypatch, caplog):
     """Layers the direct write does not handle go, whole, through one ``reload_weights`` call in the same sync
-    (here: the norms, by pretending it does not know them); vLLM's warnings about the layers written directly are
-    dropped (its "RotaryEmbedding: Failed to load weights", logged at every reload, full ones too, stays), and the
-    sampler equals a full reload's."""
+    (here: the norms and the NVFP4 gate/up layers, by pretending it does not know them); vLLM's warnings about the
+    layers written directly are dropped (its "RotaryEmbedding: Failed to load weights", logged at every reload, full
+    ones too, stays), the export's dequantised values of the layers passed on are not held through the reload, and
+    the sampler equals a full reload's."""
     import triage_trl.sampler.direct_write as dw
 
     s = triage_samplers("nvfp4")
+    held = []
+    write = s.gen.direct_write.write
+    monkeypatch.setattr(s.gen.direct_write, "write", lambda *a: (write(*a), held.append(dict(a[3])))[0])
     ids = s.tokenizer(PROBE)["input_ids"]
     runner = model_runner(s.gen)
     names = []
@@ -376,14 +380,16 @@ def test_direct_write_passes_what_it_does_not_know_to_one_reload(triage_samplers
 
     monkeypatch.setattr(runner, "reload_weights", recording)
     known = dw._kind
-    monkeypatch.setattr(dw, "_kind", lambda module, leaf, base: None if "Norm" in type(module).__name__
+    passed_on = ("Norm", "MergedColumnParallelLinear")
+    monkeypatch.setattr(dw, "_kind", lambda module, leaf, base: None if type(module).__name__.endswith(passed_on)
                         else known(module, leaf, base))
     deltas = perturb(s.model, seed=12, chosen=lambda n: n.endswith("weight"))
     try:
         with caplog.at_level(logging.WARNING, logger="vllm"):
             s.gen.sync_weights()
         passed = s.gen.direct_write.passed_on
-        assert names == [passed] and passed and all("norm" in n for n in passed)
+        assert names == [passed] and passed and all("norm" in n or "gate_proj" in n or "up_proj" in n for n in passed)
+        assert any("up_proj.weight_packed" in n for n in passed) and held == [{}]
         written = ("ParallelLinear", "RowParallel", "VocabParallel", "ParallelLMHead", "not loaded")
         assert not [r for r in caplog.records if any(w in r.getMessage() for w in written)]
         hybrid = s.gen.score_logps([ids])[0]

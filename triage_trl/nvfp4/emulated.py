@@ -39,7 +39,8 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
     and the weight's dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled, quantize_input=True):
+    def forward(ctx, x, weight, weight_dq, bias, input_global_scale, compute_dtype, compiled, quantize_input=True,
+                weight_is_operand=False):
         dtype = compute_dtype or x.dtype
         if not quantize_input:  # weight-only (W4A16): what vLLM's weight-only NVFP4 kernels compute
             x_dq = x.detach()
@@ -51,7 +52,8 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
         # GEMM (the same values up to accumulation order, 10-500x faster there), then rounded back to bf16.
         gemm_dtype = _gemm_dtype(dtype, x.device.type)
         x_dq = x_dq.to(dtype).to(gemm_dtype)
-        w = weight_dq.to(dtype).to(gemm_dtype)
+        # weight_is_operand: the layer's cached GEMM operand (NVFP4EmulatedLinear.gemm_weight), rounded and cast already
+        w = weight_dq if weight_is_operand else weight_dq.to(dtype).to(gemm_dtype)
         ctx.save_for_backward(x_dq, w)
         ctx.weight_dtype, ctx.input_dtype, ctx.compute_dtype = weight.dtype, x.dtype, dtype
         out = F.linear(x_dq, w, None if bias is None else bias.to(dtype).to(gemm_dtype))
@@ -71,7 +73,7 @@ class _EmulatedW4A4Matmul(torch.autograd.Function):
                 grad_w = (g2.t() @ x_dq.reshape(-1, x_dq.shape[-1])).to(dtype).to(ctx.weight_dtype)
             if ctx.needs_input_grad[3]:
                 grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
-        return grad_x, grad_w, None, grad_b, None, None, None, None
+        return grad_x, grad_w, None, grad_b, None, None, None, None, None
 
 
 def _gemm_dtype(compute_dtype: torch.dtype, device_type: str) -> torch.dtype:
@@ -231,6 +233,8 @@ class NVFP4EmulatedLinear(nn.Linear):
             return self._quantize_weight()
         key = (self.weight_generation.value, self.weight.dtype, self.weight.device)
         if self._weight_dq is None or self._weight_cache_key != key:
+            if torch.is_inference_mode_enabled():  # an inference tensor cached here would break the next backward
+                return self._quantize_weight()
             self._weight_dq = self._quantize_weight()
             self._weight_cache_key = key
         return self._weight_dq
@@ -239,24 +243,30 @@ class NVFP4EmulatedLinear(nn.Linear):
         return nvfp4_fake_quantize(self.weight.detach(), self.weight_per_tensor_scale(),
                                    four_over_six=self.four_over_six, compiled=self.compiled)
 
-    def gemm_weight(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`fake_quantized_weight` rounded to the compute dtype and held in the GEMM's dtype for input ``x``
-        (what the forward multiplies), cached with it: recast at every forward, an fp32 master's weight cost about
-        0.1 ms a layer (SmolLM2's [1536, 576], 2-core EPYC), 69 times a forward in the demo."""
-        weight_dq = self.fake_quantized_weight()
+    def gemm_weight(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The weight operand of the forward's GEMM for input ``x``: ``(weight, is_operand)``. With the weight cache
+        on (and outside ``torch.inference_mode``), :meth:`fake_quantized_weight` rounded to the compute dtype and
+        held in the GEMM's dtype, cached with it per weight generation (recast at every forward, an fp32 master's
+        weight cost about 0.1 ms a layer: SmolLM2's [1536, 576], 2-core EPYC, 69 times a forward in the demo), and
+        ``True``; otherwise the fake-quantised weight as it is, which the forward casts, and ``False``."""
         dtype = self.compute_dtype or x.dtype
         gemm_dtype = _gemm_dtype(dtype, x.device.type)
-        if not self.cache_weights or (weight_dq.dtype == dtype == gemm_dtype):
-            return weight_dq  # cast (if at all) inside the forward, kept nowhere
-        key = (self._weight_cache_key, dtype, gemm_dtype)
-        if self._gemm_weight is None or self._gemm_weight[0] != key:
-            self._gemm_weight = (key, weight_dq.to(dtype).to(gemm_dtype))
-        return self._gemm_weight[1]
+        if not self.cache_weights or torch.is_inference_mode_enabled():
+            return self.fake_quantized_weight(), False
+        key = (self.weight_generation.value, self.weight.dtype, self.weight.device, dtype, gemm_dtype)
+        if self._gemm_weight is not None and self._gemm_weight[0] == key:
+            return self._gemm_weight[1], True
+        weight_dq = self.fake_quantized_weight()
+        if weight_dq.dtype == dtype == gemm_dtype:  # the cached weight is the operand: no second copy
+            return weight_dq, True
+        self._gemm_weight = (key, weight_dq.to(dtype).to(gemm_dtype))
+        return self._gemm_weight[1], True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, is_operand = self.gemm_weight(x)
         return _EmulatedW4A4Matmul.apply(
-            x, self.weight, self.gemm_weight(x), self.bias, self.input_global_scale, self.compute_dtype,
-            self.compiled, self.quantize_input,
+            x, self.weight, weight, self.bias, self.input_global_scale, self.compute_dtype, self.compiled,
+            self.quantize_input, is_operand,
         )
 
     def extra_repr(self) -> str:

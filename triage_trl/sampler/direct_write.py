@@ -128,7 +128,8 @@ class DirectWrite:
         ``dequantised``: the export's dequantised NVFP4 weights by checkpoint prefix
         (``checkpoint_tensors.DequantisedWeights.by_name``, filled while ``weights`` is read): an NVFP4 layer whose
         members all have one takes them (concatenated) instead of decoding its packed weight
-        (``cpu_kernel.DEQUANTISED_ATTR``); entries are removed as their layers complete.
+        (:data:`DEQUANTISED_ATTR`); each entry is removed when its layer is written, and the rest (layers passed on,
+        which the reload decodes) when ``weights`` ends.
         """
         from vllm.model_executor.layers.linear import LinearBase
 
@@ -144,6 +145,8 @@ class DirectWrite:
             if target is None:
                 rest.append((name, tensor))
                 self.passed_on.append(name)
+                if dequantised is not None and leaf == "weight_packed":
+                    dequantised.pop(prefix, None)
                 continue
             target.got[name] = tensor
             target.needed.discard(name)
@@ -158,6 +161,8 @@ class DirectWrite:
         for target in targets.values():
             rest.extend(target.got.items())
             self.passed_on.extend(target.got)
+        if dequantised is not None:  # the layers passed on decode their own: hold no values through the reload
+            dequantised.clear()
         self.missed = _missed_layers(modules, self.written, [*self.passed_on, *skipped], member_of, LinearBase)
         if self.missed:
             logger.warning("This sync had no weights for %d engine layer(s), which keep their previous values: %s. "
@@ -234,7 +239,10 @@ class DirectWrite:
             delattr(module, "_already_called_process_weights_after_loading")
         if target.kind == "nvfp4" and values and all(v is not None for v in values):
             setattr(module, DEQUANTISED_ATTR, torch.cat(values) if len(values) > 1 else values[0])
-        module.quant_method.process_weights_after_loading(module)
+        try:
+            module.quant_method.process_weights_after_loading(module)
+        finally:  # taken by the kernel; never left for a later load should the processing fail first
+            module.__dict__.pop(DEQUANTISED_ATTR, None)
         return True
 
 
