@@ -109,6 +109,53 @@ def test_export_of_peft_model_merges_lora(nvfp4_tiny_qwen3):
     assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
 
 
+@pytest.mark.parametrize("learner_dtype,values_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32),
+                                                        (torch.bfloat16, torch.bfloat16)])
+def test_a_fused_lora_group_quantised_in_one_buffer_is_its_members_quantised_alone(nvfp4_tiny_qwen3, learner_dtype,
+                                                                                   values_dtype):
+    """LoRA on every linear: each NVFP4 fused group (q/k/v, gate/up) is merged and quantised in one buffer; every
+    member's codes, scales and handed-over values equal those of the member merged and quantised alone, and the
+    values are vLLM's decode of the codes."""
+    from peft import LoraConfig, get_peft_model
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    from triage_trl.nvfp4.checkpoint_tensors import DequantisedWeights, iter_checkpoint_weights
+    from triage_trl.nvfp4.modules import fused_group, iter_logical_linears, merged_weight
+    from triage_trl.nvfp4.numerics import abs_max
+    from triage_trl.nvfp4.quantize import nvfp4_quantize_packed
+    from triage_trl.nvfp4.selection import resolve_nvfp4_layer_selection
+
+    model, tok = nvfp4_tiny_qwen3(dtype=learner_dtype)
+    selection = convert_to_nvfp4_learner(model)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(LINEARS)))
+    generator = torch.Generator().manual_seed(5)
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            p.data.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    scales = calibrate_input_global_scales(peft_model, tok, PROMPTS)
+    values = DequantisedWeights(values_dtype)
+    sd = dict(iter_checkpoint_weights(peft_model, selection=resolve_nvfp4_layer_selection(peft_model, selection),
+                                      input_global_scales=scales, dequantised=values))
+    linears = dict(iter_logical_linears(peft_model))
+    groups: dict[str, list[str]] = {}
+    for name in linears:
+        if f"{name}.weight_packed" in sd:
+            groups.setdefault(fused_group(name), []).append(name)
+    fused_views = 0
+    for members in groups.values():
+        merged = {m: merged_weight(linears[m]) for m in members}
+        global_scale = global_scale_from_amax(torch.stack([abs_max(w) for w in merged.values()]).amax())
+        for m in members:
+            packed, scale = nvfp4_quantize_packed(merged[m], 1.0 / global_scale)
+            assert torch.equal(sd[f"{m}.weight_packed"], packed), m
+            assert torch.equal(sd[f"{m}.weight_scale"].view(torch.uint8), scale.view(torch.uint8)), m
+            decoded = dequantize_to_dtype(packed, scale, (1.0 / global_scale).reshape(1), values_dtype, 16,
+                                          swizzle=False)
+            assert torch.equal(values.by_name[m], decoded), m
+            fused_views += sd[f"{m}.weight_packed"]._base is not None
+    assert fused_views == 2 * (3 + 2)  # q/k/v and gate/up of both blocks came from one buffer each
+
+
 def test_missing_scales_raise(nvfp4_tiny_qwen3):
     model, tok = nvfp4_tiny_qwen3()
     with pytest.raises(KeyError, match="calibrate_input_global_scales"):

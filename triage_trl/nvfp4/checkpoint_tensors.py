@@ -42,7 +42,7 @@ from ..models.blocks import export_units, fsdp_owners, materialized, zero3_parti
 from ..runtime.progress import progress
 from .experts import PROJECTIONS, _unsupported_layout, iter_moe_experts
 from .checkpoint_experts import iter_expert_checkpoint_tensors
-from .modules import base_linear, fused_group, hf_model, iter_logical_linears, merged_weight
+from .modules import base_linear, fused_group, hf_model, is_lora_layer, iter_logical_linears, merged_weight
 from .calibration import calibrate_input_global_scales
 from .numerics import abs_max, check_finite, global_scale_from_amax
 from .quantize import nvfp4_quantize_packed
@@ -159,7 +159,8 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
     keys = list(unit.named_tensors())
     owners = {key: _owning_linear(key, linears) for key, _ in keys}
     names = list(dict.fromkeys(o for o in owners.values() if o is not None))
-    weights = {name: merged_weight(linears[name]) for name in names}
+    weights, fused = _merged_weights(names, linears, quantized)
+    group_quantised: dict[str, tuple] = {}
     group_w_amax: dict[str, torch.Tensor] = {}
     group_in_scale: dict[str, torch.Tensor] = {}
     for name in names:
@@ -183,8 +184,18 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
             done.add(owner)
             base = base_linear(linears[owner])
             if owner in quantized:
-                yield from _nvfp4_linear(owner, weights[owner], *group_scales[fused_group(owner)], four_over_six,
-                                         dequantised)
+                g = fused_group(owner)
+                global_scale, input_scale = group_scales[g]
+                values_dtype = dequantised.dtype if dequantised is not None else None
+                if g in fused:  # the group's members in one buffer: quantised once, each member its row block
+                    buffer, rows = fused[g]
+                    if g not in group_quantised:
+                        group_quantised[g] = _quantise(buffer, global_scale, four_over_six, values_dtype)
+                    start, end = rows[owner]
+                    quantised = tuple(None if t is None else t[start:end] for t in group_quantised[g])
+                else:
+                    quantised = _quantise(weights[owner], global_scale, four_over_six, values_dtype)
+                yield from _nvfp4_tensors(owner, *quantised, global_scale, input_scale, dequantised)
             elif id(base.weight) not in seen:  # a tied lm_head goes once, as the embedding
                 seen.add(id(base.weight))
                 yield f"{owner}.weight", weights[owner]
@@ -201,14 +212,53 @@ def _owning_linear(key: str, linears: Mapping[str, nn.Module]) -> str | None:
     return None
 
 
-def _nvfp4_linear(name, weight, global_scale, input_scale, four_over_six, dequantised
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
+def _merged_weights(names, linears, quantized) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+    """``merged_weight`` of each linear in ``names``, and the NVFP4 fused groups (gate/up, q/k/v) whose members are
+    all LoRA wrappers over bases of one dtype and input width: merged into one buffer (where the merge writes its
+    result anyway), so the group is quantised once and the direct sync takes its codes without concatenating them.
+
+    Returns:
+        ``(weights, fused)``: ``{name: [out, in]}`` (row blocks of the buffer for fused members) and
+        ``{group: (buffer, {name: (first_row, end_row)})}``.
+    """
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if name in quantized:
+            groups.setdefault(fused_group(name), []).append(name)
+    weights: dict[str, torch.Tensor] = {}
+    fused: dict[str, tuple] = {}
+    for group, members in groups.items():
+        bases = [base_linear(linears[m]).weight for m in members]
+        if (len(members) < 2 or not all(is_lora_layer(linears[m]) for m in members)
+                or any(b.dtype != bases[0].dtype or b.dim() != 2 or b.device != bases[0].device for b in bases)
+                or len({b.shape[1] for b in bases}) != 1):
+            continue
+        buffer = torch.empty(sum(b.shape[0] for b in bases), bases[0].shape[1], dtype=bases[0].dtype,
+                             device=bases[0].device)
+        rows, start = {}, 0
+        for member, base in zip(members, bases):
+            rows[member] = (start, start + base.shape[0])
+            weights[member] = merged_weight(linears[member], out=buffer[start:start + base.shape[0]])
+            start += base.shape[0]
+        fused[group] = (buffer, rows)
+    for name in names:
+        if name not in weights:
+            weights[name] = merged_weight(linears[name])
+    return weights, fused
+
+
+def _quantise(weight, global_scale, four_over_six, values_dtype) -> tuple:
+    """``(weight_packed, weight_scale, values or None)`` of a weight [out, in] (``nvfp4_quantize_packed``)."""
     per_tensor_scale = (1.0 / global_scale).to(weight.device)
-    if dequantised is None:
-        packed, block_scale = nvfp4_quantize_packed(weight, per_tensor_scale, four_over_six=four_over_six)
-    else:
-        packed, block_scale, dequantised.by_name[name] = nvfp4_quantize_packed(
-            weight, per_tensor_scale, four_over_six=four_over_six, values_dtype=dequantised.dtype)
+    if values_dtype is None:
+        return (*nvfp4_quantize_packed(weight, per_tensor_scale, four_over_six=four_over_six), None)
+    return nvfp4_quantize_packed(weight, per_tensor_scale, four_over_six=four_over_six, values_dtype=values_dtype)
+
+
+def _nvfp4_tensors(name, packed, block_scale, values, global_scale, input_scale, dequantised
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    if dequantised is not None:
+        dequantised.by_name[name] = values
     yield f"{name}.weight_packed", packed
     yield f"{name}.weight_scale", block_scale
     yield f"{name}.weight_global_scale", global_scale.reshape(1)

@@ -83,19 +83,26 @@ def fused_group(name: str) -> str:
 
 
 @torch.no_grad()
-def merged_weight(module: nn.Module) -> torch.Tensor:
+def merged_weight(module: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
     """Master weight [out, in] of a logical linear, with active, unmerged LoRA deltas added.
 
     For a PEFT LoRA wrapper: ``W + sum_a get_delta_weight(a)`` over active adapters (nothing added
     when the adapters are merged already or disabled), in the base weight's dtype; for a plain
-    linear: its weight, detached.
+    linear: its weight, detached. ``out``: an [out, in] tensor of the base weight's dtype to write it into, returned
+    (the export merges a fused group's members into one buffer).
+
+    Raises:
+        ValueError: ``out`` is not of the base weight's dtype.
     """
     if not is_lora_layer(module):
-        return module.weight.detach()
+        return module.weight.detach() if out is None else out.copy_(module.weight)
     base_w = merged_weight(module.base_layer)
     if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
-        return base_w
-    total = base_w.to(torch.float32, copy=True)  # a copy of its own: the in-place addmm below must not reach base_w
+        return base_w if out is None else out.copy_(base_w)
+    if out is not None and out.dtype != base_w.dtype:
+        raise ValueError(f"merged_weight(out=...) writes the base weight's dtype {base_w.dtype}; got {out.dtype}.")
+    # a copy of its own (the in-place addmm below must not reach base_w): out itself when float32
+    total = out.copy_(base_w) if out is not None and out.dtype == torch.float32 else base_w.to(torch.float32, copy=True)
     for adapter in module.active_adapters:
         if adapter not in module.lora_A:
             continue
@@ -106,6 +113,8 @@ def merged_weight(module: nn.Module) -> torch.Tensor:
                          alpha=module.scaling[adapter])
         else:
             total = total + module.get_delta_weight(adapter).float()
+    if out is not None and out is not total:
+        return out.copy_(total)  # rounded to the base's dtype, as below, into the caller's buffer
     return total.to(base_w.dtype)
 
 

@@ -228,7 +228,7 @@ class DirectWrite:
             return True
         leaves = _NVFP4_SUFFIXES if target.kind == "nvfp4" else ("weight",)
         # fresh tensors: the processed layer must not share storage with the learner
-        parts = {x: torch.cat([got[f"{m}.{x}"] for m in target.members]) if len(target.members) > 1
+        parts = {x: _joined([got[f"{m}.{x}"] for m in target.members]) if len(target.members) > 1
                  else got[f"{target.members[0]}.{x}"].clone() for x in leaves}
         if not _fits(module, parts[leaves[0]]):
             return False
@@ -238,12 +238,29 @@ class DirectWrite:
         if hasattr(module, "_already_called_process_weights_after_loading"):
             delattr(module, "_already_called_process_weights_after_loading")
         if target.kind == "nvfp4" and values and all(v is not None for v in values):
-            setattr(module, DEQUANTISED_ATTR, torch.cat(values) if len(values) > 1 else values[0])
+            setattr(module, DEQUANTISED_ATTR, _joined(values) if len(values) > 1 else values[0])
         try:
             module.quant_method.process_weights_after_loading(module)
         finally:  # taken by the kernel; never left for a later load should the processing fail first
             module.__dict__.pop(DEQUANTISED_ATTR, None)
         return True
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)`` along rows; no copy when they are consecutive row blocks of one contiguous tensor (the
+    export quantises a fused group's LoRA members in one buffer: ``checkpoint_tensors._merged_weights``), whose
+    rows they then share: the export's own, never the learner's."""
+    first, base = tensors[0], tensors[0]._base
+    if base is None or not base.is_contiguous() or first.dim() < 1:
+        return torch.cat(tensors)
+    offset = first.storage_offset()
+    for tensor in tensors:
+        if (tensor._base is not base or not tensor.is_contiguous() or tensor.shape[1:] != first.shape[1:]
+                or tensor.storage_offset() != offset):
+            return torch.cat(tensors)
+        offset += tensor.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return torch.as_strided(base, (rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _layer_name(prefix: str, member_of: dict[str, str]) -> str:
