@@ -102,7 +102,8 @@ def iter_checkpoint_weights(
     Yields:
         Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
         [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16], ``weight_global_scale`` and ``input_global_scale``
-        float32 [1]; biases; MoE experts per expert (``checkpoint_experts.iter_expert_checkpoint_tensors``).
+        float32 [1] (the members of a fused group whose every member is LoRA-adapted: consecutive row blocks of one
+        tensor, quantised together); biases; MoE experts per expert (``checkpoint_experts.iter_expert_checkpoint_tensors``).
 
     Raises:
         KeyError: an NVFP4 linear has no input global scale (calibrate first).
