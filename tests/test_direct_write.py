@@ -34,7 +34,10 @@ def test_joined_takes_consecutive_row_blocks_of_one_tensor_without_a_copy():
     assert torch.equal(joined, buffer) and joined.data_ptr() == buffer.data_ptr()
     part = _joined([buffer[1:3], buffer[3:4]])
     assert torch.equal(part, buffer[1:4]) and part.data_ptr() == buffer[1:4].data_ptr()
+    offset = torch.arange(40.0)[4:].view(6, 6)  # a base that does not start its storage, one-row blocks
+    assert torch.equal(_joined([offset[2:3], offset[3:5]]), offset[2:5])
+    assert _joined([offset[2:3], offset[3:5]]).data_ptr() == offset[2:5].data_ptr()
     for tensors in ([buffer[2:4], buffer[0:2]], [buffer[0:2], buffer[3:5]], [buffer[0:2], buffer[2:4].clone()],
-                    [buffer[0:2, :2], buffer[2:4, :2]]):
+                    [buffer[0:2, :2], buffer[2:4, :2]], [buffer.reshape(-1)[0:4], buffer.reshape(-1)[8:12]]):
         out = _joined(tensors)
         assert torch.equal(out, torch.cat(tensors)) and out.data_ptr() != buffer.data_ptr()

@@ -192,8 +192,10 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
                     buffer, rows = fused[g]
                     if g not in group_quantised:
                         group_quantised[g] = _quantise(buffer, global_scale, four_over_six, values_dtype)
-                    start, end = rows[owner]
+                    start, end = rows.pop(owner)
                     quantised = tuple(None if t is None else t[start:end] for t in group_quantised[g])
+                    if not rows:  # the last member: the consumer holds what it keeps
+                        del group_quantised[g], fused[g]
                 else:
                     quantised = _quantise(weights[owner], global_scale, four_over_six, values_dtype)
                 yield from _nvfp4_tensors(owner, *quantised, global_scale, input_scale, dequantised)
@@ -230,7 +232,7 @@ def _merged_weights(names, linears, quantized) -> tuple[dict[str, torch.Tensor],
     fused: dict[str, tuple] = {}
     for group, members in groups.items():
         bases = [base_linear(linears[m]).weight for m in members]
-        if (len(members) < 2 or not all(is_lora_layer(linears[m]) for m in members)
+        if (len(members) < 2 or not all(_adapted(linears[m]) for m in members)
                 or any(b.dtype != bases[0].dtype or b.dim() != 2 or b.device != bases[0].device for b in bases)
                 or len({b.shape[1] for b in bases}) != 1):
             continue
@@ -246,6 +248,13 @@ def _merged_weights(names, linears, quantized) -> tuple[dict[str, torch.Tensor],
         if name not in weights:
             weights[name] = merged_weight(linears[name])
     return weights, fused
+
+
+def _adapted(module) -> bool:
+    """A LoRA wrapper whose merge copies its weight anyway: unmerged, enabled, with an active adapter."""
+    return (is_lora_layer(module) and not getattr(module, "merged", False)
+            and not getattr(module, "disable_adapters", False)
+            and any(a in module.lora_A for a in module.active_adapters))
 
 
 def _quantise(weight, global_scale, four_over_six, values_dtype) -> tuple:

@@ -94,13 +94,14 @@ def merged_weight(module: nn.Module, out: torch.Tensor | None = None) -> torch.T
     Raises:
         ValueError: ``out`` is not of the base weight's dtype.
     """
+    if out is not None and out.dtype != base_linear(module).weight.dtype:
+        raise ValueError(f"merged_weight(out=...) writes the base weight's dtype {base_linear(module).weight.dtype}; "
+                         f"got {out.dtype}.")
     if not is_lora_layer(module):
         return module.weight.detach() if out is None else out.copy_(module.weight)
     base_w = merged_weight(module.base_layer)
     if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
         return base_w if out is None else out.copy_(base_w)
-    if out is not None and out.dtype != base_w.dtype:
-        raise ValueError(f"merged_weight(out=...) writes the base weight's dtype {base_w.dtype}; got {out.dtype}.")
     # a copy of its own (the in-place addmm below must not reach base_w): out itself when float32
     total = out.copy_(base_w) if out is not None and out.dtype == torch.float32 else base_w.to(torch.float32, copy=True)
     for adapter in module.active_adapters:

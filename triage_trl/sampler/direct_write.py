@@ -227,8 +227,10 @@ class DirectWrite:
                 module.quant_method.process_weights_after_loading(module)
             return True
         leaves = _NVFP4_SUFFIXES if target.kind == "nvfp4" else ("weight",)
-        # fresh tensors: the processed layer must not share storage with the learner
-        parts = {x: _joined([got[f"{m}.{x}"] for m in target.members]) if len(target.members) > 1
+        # fresh tensors: the processed layer must not share storage with the learner (an NVFP4 group's row blocks
+        # of one buffer are the export's own: its quantisation pass made them)
+        join = _joined if target.kind == "nvfp4" else torch.cat
+        parts = {x: join([got[f"{m}.{x}"] for m in target.members]) if len(target.members) > 1
                  else got[f"{target.members[0]}.{x}"].clone() for x in leaves}
         if not _fits(module, parts[leaves[0]]):
             return False
@@ -248,19 +250,19 @@ class DirectWrite:
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(tensors)`` along rows; no copy when they are consecutive row blocks of one contiguous tensor (the
-    export quantises a fused group's LoRA members in one buffer: ``checkpoint_tensors._merged_weights``), whose
-    rows they then share: the export's own, never the learner's."""
+    export quantises a fused NVFP4 group's LoRA members in one pass: ``checkpoint_tensors._merged_weights``), whose
+    memory they then share. For the export's NVFP4 codes, scales and values only: they are never the learner's."""
     first, base = tensors[0], tensors[0]._base
     if base is None or not base.is_contiguous() or first.dim() < 1:
         return torch.cat(tensors)
-    offset = first.storage_offset()
+    start = offset = first.storage_offset()
     for tensor in tensors:
         if (tensor._base is not base or not tensor.is_contiguous() or tensor.shape[1:] != first.shape[1:]
                 or tensor.storage_offset() != offset):
             return torch.cat(tensors)
         offset += tensor.numel()
-    rows = sum(t.shape[0] for t in tensors)
-    return torch.as_strided(base, (rows, *first.shape[1:]), first.stride(), first.storage_offset())
+    begin = start - base.storage_offset()
+    return base.reshape(-1)[begin:begin + offset - start].view(-1, *first.shape[1:])
 
 
 def _layer_name(prefix: str, member_of: dict[str, str]) -> str:
