@@ -109,7 +109,8 @@ def test_export_of_peft_model_merges_lora(nvfp4_tiny_qwen3):
     assert torch.equal(_decompress(sd, p).view(torch.int16), ours.view(torch.int16))
 
 
-@pytest.mark.parametrize("learner_dtype,values_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("learner_dtype,values_dtype",
+                         [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
 def test_a_fused_lora_group_quantised_in_one_buffer_is_its_members_quantised_alone(nvfp4_tiny_qwen3, learner_dtype,
                                                                                    values_dtype):
     """LoRA on every linear: each NVFP4 fused group (q/k/v, gate/up) is merged and quantised in one buffer; every

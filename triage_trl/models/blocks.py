@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "ExportUnit", "export_units", "fsdp_owners", "hf_model", "materialized", "parameters_materialized", "zero3_partitioned",
+    "ExportUnit", "export_units", "fsdp_owners", "hf_model", "materialized", "parameters_materialized",
+    "zero3_partitioned",
 ]
 
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.\d+$")

@@ -103,7 +103,8 @@ def iter_checkpoint_weights(
         Non-quantised tensors as stored (detached, not copied); per NVFP4 linear ``weight_packed`` uint8
         [out, in/2], ``weight_scale`` fp8 e4m3 [out, in/16], ``weight_global_scale`` and ``input_global_scale``
         float32 [1] (the members of a fused group whose every member is LoRA-adapted: consecutive row blocks of one
-        tensor, quantised together); biases; MoE experts per expert (``checkpoint_experts.iter_expert_checkpoint_tensors``).
+        tensor, quantised together); biases; MoE experts per expert
+        (``checkpoint_experts.iter_expert_checkpoint_tensors``).
 
     Raises:
         KeyError: an NVFP4 linear has no input global scale (calibrate first).
@@ -174,6 +175,7 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
             group_in_scale[g] = torch.minimum(group_in_scale[g], scale) if g in group_in_scale else scale
     # once per fused group (its members share both scales): the scalar work is per layer, not per element
     group_scales = {g: (global_scale_from_amax(amax), group_in_scale[g]) for g, amax in group_w_amax.items()}
+    values_dtype = dequantised.dtype if dequantised is not None else None
     done: set[str] = set()
     for key, tensor in keys:
         owner = owners[key]
@@ -187,7 +189,6 @@ def _unit_tensors(unit, linears, quantized, scales, seen, four_over_six, dequant
             if owner in quantized:
                 g = fused_group(owner)
                 global_scale, input_scale = group_scales[g]
-                values_dtype = dequantised.dtype if dequantised is not None else None
                 if g in fused:  # the group's members in one buffer: quantised once, each member its row block
                     buffer, rows = fused[g]
                     if g not in group_quantised:

@@ -317,7 +317,7 @@ class TriageVLLMGeneration(VLLMGeneration):
         weights = self._iter_sampler_weights(copy_after, kept, skip, values)
         if direct:  # the rest (often nothing) goes through the reload below
             weights = iter(self.llm.apply_model(
-                lambda model: writer.write(model, weights, skip.skipped, values and values.by_name))[0])
+                lambda model: writer.write(model, weights, skip.skipped, values.by_name if values else None))[0])
         if not direct or writer.passed_on:
             with skip.quiet_reload(), writer.quiet_reload():
                 self.llm.collective_rpc("reload_weights",
