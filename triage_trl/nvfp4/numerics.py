@@ -251,15 +251,16 @@ def quantize_codes_and_values_torchao(
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """Two 4-bit codes per byte: uint8 [..., K] (values 0-15) -> uint8 [..., K/2], element 2j in the low nibble,
-    bit for bit torchao's ``pack_uint4``. On a little-endian machine each pair is read as one int16 (low byte the
-    even element), ``(v | v >> 4) & 0xFF``: three contiguous passes instead of ``pack_uint4``'s strided ones
-    (about 3x faster on CPU); elsewhere ``pack_uint4`` itself."""
+    bit for bit torchao's ``pack_uint4``. On a little-endian machine each pair is read as one int16 ``v`` (low byte
+    the even element): the low byte of ``v`` is the even code and the low byte of ``v >> 4`` the odd code shifted
+    into the high nibble, so ``uint8(v) | uint8(v >> 4)`` packs them (integer casts to uint8 keep the low byte), in
+    contiguous passes instead of ``pack_uint4``'s strided ones (about 6x faster on CPU); elsewhere ``pack_uint4``."""
     if sys.byteorder != "little" or codes.shape[-1] % 2:
         from torchao.prototype.mx_formats.kernels import pack_uint4
 
         return pack_uint4(codes)
     pairs = codes.contiguous().view(torch.int16)
-    return ((pairs | (pairs >> 4)) & 0xFF).to(torch.uint8)
+    return pairs.to(torch.uint8).bitwise_or_((pairs >> 4).to(torch.uint8))
 
 
 def decode_codes(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
