@@ -466,6 +466,18 @@ def test_probe_scoring_rescales_to_any_temperature(triage_samplers):
         s.gen.score_logps([[5]])
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_probe_scoring_draws_no_random_number(triage_samplers, temperature):
+    # The in-process engine samples rollouts from torch's global generator: a probe that drew from it (its one
+    # generated token sampled at temperature 1, as before) shifted every later rollout, so the probe schedule
+    # changed training.
+    s = triage_samplers("bf16")
+    ids = s.tokenizer(PROBE)["input_ids"]
+    state = torch.random.get_rng_state()
+    s.gen.score_logps([ids], temperature=temperature)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
 def test_peft_sync_sends_merged_weights(triage_samplers, precision):

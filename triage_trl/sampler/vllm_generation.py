@@ -452,7 +452,8 @@ class TriageVLLMGeneration(VLLMGeneration):
                 log-probs are rescaled, ``log_softmax(logp / T)``, which equals ``log_softmax(logits / T)``.
 
         Returns:
-            One list of ``L - 1`` floats (nats) per sequence: ``log p(t_i | t_<i)`` for ``i = 1 .. L-1``.
+            One list of ``L - 1`` floats (nats) per sequence: ``log p(t_i | t_<i)`` for ``i = 1 .. L-1``. The call
+            draws no random number (the engine's sampling generator is left as it was).
 
         Raises:
             ValueError: a sequence has fewer than 2 tokens, or ``temperature <= 0``.
@@ -468,7 +469,9 @@ class TriageVLLMGeneration(VLLMGeneration):
         full = temp != 1.0
         params = SamplingParams(
             max_tokens=1,
-            temperature=1.0,
+            # Prompt log-probs skip the sampling processors; a greedy pick of the one token vLLM must generate draws
+            # no random number, so the rollouts after a probe are the ones without it, whatever the probe schedule.
+            temperature=0.0,
             prompt_logprobs=-1 if full else 0,
             detokenize=False,
             flat_logprobs=True,
