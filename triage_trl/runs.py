@@ -46,7 +46,7 @@ DEMO_DEFAULTS = dict(
     eval_size=128,
     nvfp4_recipe="paper",
     beta=0.04,
-    sync_probe_every=4,
+    sync_probe_every=8,
 )
 REWARD_WEIGHTS = (1.0, 0.2)
 """Weights of :func:`demo_rewards`: the verified answer, and ending with the boxed answer (the demo and the lab)."""
@@ -106,9 +106,10 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
         # default same-precision bound (0.1) would stop the run; 2.0 still catches a stale or corrupt sync.
         sync_probe_max_gap=2.0,
-        # The first sync and every 4th are probed: a probe costs 0.5-0.7 s (4-5% of a 13 s demo step on two AVX2
-        # cores); a sampler that stays stale is caught within 4 syncs; the batch's learner-sampler gap is logged at
-        # every step.
+        # The first sync and every 8th are probed: a probe costs about as much as the sync itself (0.25-0.30 s, 4% of
+        # a 7 s demo step on a 2-core AVX512-BF16 EPYC; docs/scale.md), so every 4th kept the two above 5% of the
+        # step; a sampler that stays stale is caught within 8 syncs, the batch's learner-sampler gap is logged at
+        # every step, and the probe draws no random number (the schedule changes no rollout).
         sync_probe_every=DEMO_DEFAULTS["sync_probe_every"],
         use_cpu=True,
         bf16=False,
