@@ -106,8 +106,8 @@ def build_config(output_dir: str, *, max_steps: int, prompts_per_step: int, num_
         # (each is ~1 nat from the float32 model: W4A4 with dynamic vs calibrated static activation scales), so the
         # default same-precision bound (0.1) would stop the run; 2.0 still catches a stale or corrupt sync.
         sync_probe_max_gap=2.0,
-        # The first sync and every 8th are probed: a probe costs about as much as the sync itself (0.25-0.30 s, 4% of
-        # a 7 s demo step on a 2-core AVX512-BF16 EPYC; docs/scale.md), so every 4th kept the two above 5% of the
+        # The first sync and every 8th are probed: a probe costs about as much as the sync itself (0.25-0.34 s, 4% of
+        # a 7 s demo step on a 2-core AVX512-BF16 EPYC; docs/scale.md), so every 4th would keep the two above 5% of the
         # step; a sampler that stays stale is caught within 8 syncs, the batch's learner-sampler gap is logged at
         # every step, and the probe draws no random number (the schedule changes no rollout).
         sync_probe_every=DEMO_DEFAULTS["sync_probe_every"],
