@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import triage_trl
+
 from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_setting_arguments, build_trainer_config,
                                     plan_runs, resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
@@ -521,6 +523,8 @@ def test_worker_records_a_failed_run(tmp_path, monkeypatch):
     with open(tmp_path / "run" / "run_summary.json") as f:
         assert json.load(f)["status"] == summary["status"]
     assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()
+    (start,) = summary["provenance"]  # one start, recorded before anything could fail
+    assert start["from_step"] == 0 and start["triage_trl"] == triage_trl.__version__ and "git_commit" in start
 
 
 # ---------------------------------------------------------------- one smoke lab run, end to end
@@ -542,6 +546,7 @@ def test_smoke_lab_end_to_end(tmp_path):
             summary = json.load(f)
         assert summary["status"] == "ok" and summary["steps"] == 1, summary["status"]
         assert summary["dose"] == "stress" and summary["overrides"]["nvfp4_recipe"] == "all"
+        assert [p["from_step"] for p in summary["provenance"]] == [0]  # one start, the code it ran
         assert [r["step"] for r in summary["held_out"]] == [0, 1] and summary["held_out"][0]["total"] == 4
         first = summary["held_out"][0]  # greedy per item beside avg@2 at the training temperature
         assert len(first["outcomes"]) == 4 and sum(first["outcomes"]) == first["correct"]

@@ -7,8 +7,9 @@ Reads every finished run (``LAB_DIR/runs/<config>@<dose>/seed<S>/run_summary.jso
   :mod:`triage_trl.lab.metrics`, printed under the table); the cost / gain / stability table (step-0 cost against
   bf16 and training gain paired by item with bootstrap intervals, greedy and avg@N; the slope of ln k3 on the
   training batch and on the fixed probe; the pre-registered collapse rule per seed); per dose, the runs against
-  bf16 and the goal (:data:`GOAL_RATIO`); the descriptions, one row per run, and the paper's observations measured on
-  ``nvfp4_naive`` (NA vs PA tail-token counts over the first steps, tail concentration per step);
+  bf16 and the goal (:data:`GOAL_RATIO`); the descriptions, one row per run, the code revisions the runs came from
+  (:func:`code_md`), and the paper's observations measured on ``nvfp4_naive`` (NA vs PA tail-token counts over the
+  first steps, tail concentration per step);
 - ``overlay.png``: reward, k3 KL (training batch and fixed probe) and entropy against the optimizer step for all
   configurations (:mod:`.plots`);
 - ``observations_<dose>.png``: the observations' curves, one per dose of ``nvfp4_naive``.
@@ -22,6 +23,7 @@ import json
 import math
 import os
 
+from ..runtime.provenance import short_revision
 from ..runtime.run_logs import read_log_history, read_records
 from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label, uncorrected_arm
 from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, gain_difference, mean_std, rules_text,
@@ -208,6 +210,22 @@ def _per_run(runs: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def code_md(runs: dict[str, list[dict]]) -> list[str]:
+    """One line naming the code revisions behind the runs (``provenance`` of each ``run_summary.json``: one record
+    per start, ``runtime.provenance.short_revision``) and how many runs each produced, a resumed run counted under
+    every revision it ran; runs written before the lab recorded it count as not recorded."""
+    counts: dict[str, int] = {}
+    for rows in runs.values():
+        for r in rows:
+            revisions = dict.fromkeys(short_revision(p) for p in r["summary"].get("provenance") or [])
+            for revision in revisions or ["not recorded"]:
+                counts[revision] = counts.get(revision, 0) + 1
+    listed = ", ".join(f"`{rev}` {n} run{'s' if n > 1 else ''}" if rev != "not recorded"
+                       else f"not recorded {n} run{'s' if n > 1 else ''}" for rev, n in counts.items())
+    mixed = " (runs from more than one revision: compare them knowing that)" if len(counts) > 1 else ""
+    return [f"Code (git commit of each start; `+`: tracked files changed): {listed}{mixed}."]
+
+
 def dose_report(runs: dict[str, list[dict]], dose: str) -> dict:
     """One dose against bf16 and the goal.
 
@@ -376,7 +394,7 @@ def summarize(lab_dir: str) -> str:
     lines += ["## Runs and doses", ""]
     for name, rows in runs.items():
         lines.append(f"- `{name}`: {_describe(name, rows)}")
-    lines += ["", "## Runs", ""] + _per_run(runs)
+    lines += ["", "## Runs", ""] + _per_run(runs) + [""] + code_md(runs)
     collapse_steps = {}
     for name, rows in runs.items():
         steps = (_collapse_step(name, run_collapse(r["history"])) for r in rows)

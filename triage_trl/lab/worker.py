@@ -15,7 +15,11 @@ and shared by the lab's runs that start from it (:mod:`triage_trl.lab.step0`). I
 - ``checkpoint-N/`` when the scale saves checkpoints (``collapse``: every 10 steps, the last one kept): a run
   stopped mid-way resumes from the last complete one when the lab reruns it (its logs are cut back to that step);
   removed when the run finishes;
-- ``run_summary.json`` (last, always): configuration, seed, settings, held-out accuracies, timings and ``status``
+- ``provenance.jsonl``: one record per start of the run (the step it started from, the triage-trl version, git
+  commit and environment: :func:`triage_trl.runtime.provenance.code_revision`), so a resumed run names every code
+  revision that produced it;
+- ``run_summary.json`` (last, always): configuration, seed, settings, held-out accuracies, timings, ``provenance``
+  and ``status``
   (``"ok"``, or ``"failed: <error>"`` for a run that raised, e.g. ``StaleSamplerError``; the traceback goes to
   ``error.txt``);
 - ``trainer_state.json`` and the plots of ``triage-report`` (``plots/``).
@@ -46,6 +50,7 @@ from .step0 import read_step0, step0_identity, write_step0
 
 RUN_SUMMARY = "run_summary.json"
 HELD_OUT = "held_out.jsonl"
+PROVENANCE = "provenance.jsonl"
 
 
 def scores_learner_weights(args) -> bool:
@@ -138,9 +143,12 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         for name in (LOG_HISTORY, HELD_OUT, FIXED_PROBE):
             keep_records_up_to(os.path.join(run_dir, name), resumed_step)
     else:
-        for name in (LOG_HISTORY, HELD_OUT, "error.txt", FIXED_PROBE, FIXED_PROBE_BATCH):  # a rerun starts clean
+        for name in (LOG_HISTORY, HELD_OUT, "error.txt", FIXED_PROBE, FIXED_PROBE_BATCH, PROVENANCE):  # starts clean
             if os.path.exists(os.path.join(run_dir, name)):
                 os.remove(os.path.join(run_dir, name))
+    from ..runtime.provenance import code_revision
+
+    _append_jsonl(os.path.join(run_dir, PROVENANCE), {"from_step": resumed_step or 0, **code_revision()})
     start = time.perf_counter()
     summary = {"config": config.name, "dose": dose, "description": config.description, "seed": seed,
                "settings": {k: settings.get(k) for k in ("scale", *SETTING_KEYS)},
@@ -215,6 +223,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
     summary.update(timings)
     summary["steps"] = trainer.state.global_step if trainer is not None else 0
     summary["wall_seconds"] = time.perf_counter() - start
+    summary["provenance"] = read_records(os.path.join(run_dir, PROVENANCE))
     with open(os.path.join(run_dir, RUN_SUMMARY), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, default=float)
     return summary

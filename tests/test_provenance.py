@@ -1,0 +1,57 @@
+"""``runtime.provenance``: the code revision and environment a run records (the stability lab's ``provenance``)."""
+
+import os
+import subprocess
+
+import triage_trl
+from triage_trl.lab.summarize import code_md
+from triage_trl.runtime import provenance
+from triage_trl.runtime.provenance import code_revision, short_revision
+
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(triage_trl.__file__)))
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=PACKAGE_PARENT, capture_output=True, text=True, check=False)
+
+
+def test_the_revision_is_the_commit_of_the_checkout_triage_trl_is_imported_from():
+    record = code_revision()
+    top = _git("rev-parse", "--show-toplevel")
+    assert record["triage_trl"] == triage_trl.__version__
+    assert record["environment"]["triage-trl"] == triage_trl.__version__ and "torch" in record["environment"]
+    if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(PACKAGE_PARENT):
+        assert record["git_commit"] == _git("rev-parse", "HEAD").stdout.strip() and len(record["git_commit"]) == 40
+        changed = bool(_git("status", "--porcelain", "--untracked-files=no").stdout.strip())
+        assert record["git_dirty"] is changed
+    else:  # an installed copy: no commit of its own
+        assert record["git_commit"] is None and record["git_dirty"] is None
+
+
+def test_a_package_vendored_inside_another_repository_or_without_git_has_no_commit(monkeypatch):
+    monkeypatch.setattr(provenance, "_git", lambda cwd, *args: "/some/other/repo" if "--show-toplevel" in args
+                        else "0" * 40)
+    assert code_revision()["git_commit"] is None
+    monkeypatch.setattr(provenance, "_git", lambda cwd, *args: None)  # no git, or not a work tree
+    record = code_revision()
+    assert record["git_commit"] is None and record["git_dirty"] is None
+    assert short_revision(record) == f"triage-trl {triage_trl.__version__}"
+
+
+def test_short_revision_marks_changed_tracked_files():
+    assert short_revision({"git_commit": "3f8a5631" + "0" * 32, "git_dirty": False}) == "3f8a563"
+    assert short_revision({"git_commit": "3f8a5631" + "0" * 32, "git_dirty": True}) == "3f8a563+"
+
+
+def test_the_lab_summary_counts_runs_per_revision():
+    def run(*commits):
+        return {"summary": {"provenance": [{"git_commit": c.rstrip("+") + "0" * 33, "git_dirty": c.endswith("+")}
+                                           for c in commits]}}
+
+    runs = {"bf16": [run("aaaaaaa"), run("aaaaaaa", "bbbbbbb+")], "triage@stress": [run(), run("bbbbbbb+")]}
+    # the resumed run counts under both of its revisions; a run written before the lab recorded it, as not recorded
+    assert code_md(runs) == ["Code (git commit of each start; `+`: tracked files changed): `aaaaaaa` 2 runs, "
+                             "`bbbbbbb+` 2 runs, not recorded 1 run (runs from more than one revision: compare them "
+                             "knowing that)."]
+    assert code_md({"bf16": [run("aaaaaaa")]}) == [
+        "Code (git commit of each start; `+`: tracked files changed): `aaaaaaa` 1 run."]
