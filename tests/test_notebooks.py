@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from triage_trl.runtime import child_process_env
+from triage_trl.runtime.provenance import git_revision
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -57,5 +58,6 @@ def test_quickstart_notebook_runs(tmp_path):
     run = tmp_path / "triage-quickstart"
     record = json.loads((run / "triage_run.json").read_text())
     assert len(record["calibration_prompts"]) == 4 and record["nvfp4"]["learner_precision"] == "nvfp4"
+    assert record["git_commit"] == git_revision()["git_commit"]  # the checkout the run came from (None: installed)
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
     assert (run / "triage_metrics.png").is_file() and (tmp_path / "triage-quickstart-nvfp4" / "config.json").is_file()

@@ -6,7 +6,7 @@ import subprocess
 import triage_trl
 from triage_trl.lab.summarize import code_md
 from triage_trl.runtime import provenance
-from triage_trl.runtime.provenance import code_revision, short_revision
+from triage_trl.runtime.provenance import code_revision, git_revision, short_revision
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(triage_trl.__file__)))
 
@@ -31,7 +31,7 @@ def test_the_revision_is_the_commit_of_the_checkout_triage_trl_is_imported_from(
 def test_a_package_vendored_inside_another_repository_or_without_git_has_no_commit(monkeypatch):
     monkeypatch.setattr(provenance, "_git", lambda cwd, *args: "/some/other/repo" if "--show-toplevel" in args
                         else "0" * 40)
-    assert code_revision()["git_commit"] is None
+    assert code_revision()["git_commit"] is None and git_revision() == {"git_commit": None, "git_dirty": None}
     monkeypatch.setattr(provenance, "_git", lambda cwd, *args: None)  # no git, or not a work tree
     record = code_revision()
     assert record["git_commit"] is None and record["git_dirty"] is None

@@ -44,17 +44,20 @@ def run_record(trainer) -> dict:
     """The record of a ``TriageGRPOTrainer`` run (JSON-ready).
 
     Returns:
-        ``{"triage_trl_version", "model_name_or_path", "nvfp4": {NVFP4Config field: value},
-        "calibration_prompts": [str, ...]}``; the prompts are those the vLLM sampler calibrated on, rendered to text
-        (empty without a vLLM sampler).
+        ``{"triage_trl_version", "git_commit", "git_dirty", "model_name_or_path", "nvfp4": {NVFP4Config field:
+        value}, "calibration_prompts": [str, ...]}``; the commit of the checkout triage-trl runs from and whether
+        tracked files differed from it (``None`` for an installed copy: ``runtime.provenance.code_revision``); the
+        prompts are those the vLLM sampler calibrated on, rendered to text (empty without a vLLM sampler).
     """
     from ..nvfp4.config import NVFP4Config
+    from ..runtime.provenance import git_revision
 
     sampler = getattr(trainer, "vllm_generation", None)
     prompts = sampler.calibration_texts() if sampler is not None else []
     config = getattr(trainer.model, "config", None)
     return {
         "triage_trl_version": __version__,
+        **git_revision(),
         "model_name_or_path": getattr(config, "_name_or_path", None) or None,
         "nvfp4": {f.name: getattr(trainer.args, f.name) for f in fields(NVFP4Config)},
         "calibration_prompts": prompts,

@@ -22,6 +22,11 @@ def code_revision() -> dict:
     from .. import __version__
     from ..env_report import environment_info
 
+    return {"triage_trl": __version__, **git_revision(), "environment": environment_info()}
+
+
+def git_revision() -> dict:
+    """``{"git_commit", "git_dirty"}`` of :func:`code_revision` alone (no environment probes); never raises."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # triage_trl/
     root = os.path.dirname(package)  # the folder holding it: a checkout's top
     top = _git(root, "rev-parse", "--show-toplevel")
@@ -30,7 +35,7 @@ def code_revision() -> dict:
         commit = _git(root, "rev-parse", "HEAD")
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
         dirty = None if commit is None or status is None else bool(status)
-    return {"triage_trl": __version__, "git_commit": commit, "git_dirty": dirty, "environment": environment_info()}
+    return {"git_commit": commit, "git_dirty": dirty}
 
 
 def short_revision(record: dict) -> str:
