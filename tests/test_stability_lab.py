@@ -786,6 +786,12 @@ def test_a_correction_is_measured_against_its_uncorrected_arm_paired_by_item(tmp
     assert rows["bf16_learner_triage@stress"][:3] == ["bf16_learner_nvfp4_sampler@stress", "1", "+0.0 [+0.0, +0.0]"]
     assert rows["bf16_learner_triage@stress"][4].startswith("+25.0 [")
     assert "nvfp4_naive@stress" not in rows and "bf16_learner_nvfp4_sampler@stress" not in rows
+    # head to head: TRIAGE (4/4 at the end) against OPSM (1/4) on the same engines and dose; no TIS run, no row
+    section = text.split("## TRIAGE against the published corrections")[1].split("\n## ")[0]
+    head = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()
+            if line.startswith("| ") and "---" not in line and not line.startswith("| run ")]
+    assert len(head) == 1 and head[0][:3] == ["triage@stress", "nvfp4_opsm@stress", "1"]
+    assert head[0][3].startswith("+75.0 [") and head[0][4] == "n/a"
 
 
 def test_a_held_out_evaluation_leaves_the_training_random_stream_as_it_found_it(monkeypatch):

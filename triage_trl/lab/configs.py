@@ -224,6 +224,12 @@ def uncorrected_arm(name: str) -> str | None:
     return None if reference == name else reference
 
 
+PUBLISHED_CORRECTIONS = {"triage": ("nvfp4_tis", "nvfp4_opsm"),
+                         "bf16_learner_triage": ("bf16_learner_tis", "bf16_learner_opsm")}
+"""Each TRIAGE arm's published alternatives on the same engines (TRL's token TIS, OPSM): the head-to-head table of
+``lab.summarize`` (a comparison the pre-registered rules do not make)."""
+
+
 def config_names() -> list[str]:
     """The configuration names, in table order."""
     return list(CONFIGS)

@@ -6,7 +6,8 @@ Reads every finished run (``LAB_DIR/runs/<config>@<dose>/seed<S>/run_summary.jso
 - ``results.md``: one row per configuration and dose, mean ± std over seeds (rules from
   :mod:`triage_trl.lab.metrics`, printed under the table); the cost / gain / stability table (step-0 cost against
   bf16 and training gain paired by item with bootstrap intervals, greedy and avg@N; the slope of ln k3 on the
-  training batch and on the fixed probe; the pre-registered collapse rule per seed); per dose, the runs against
+  training batch and on the fixed probe; the pre-registered collapse rule per seed); each correction against its
+  uncorrected arm, and TRIAGE against TIS and OPSM (:func:`head_to_head_md`); per dose, the runs against
   bf16 and the goal (:data:`GOAL_RATIO`); the descriptions, one row per run, the code revisions the runs came from
   (:func:`code_md`), and the paper's observations measured on ``nvfp4_naive`` (NA vs PA tail-token counts over the
   first steps, tail concentration per step);
@@ -25,7 +26,7 @@ import os
 
 from ..runtime.provenance import short_revision
 from ..runtime.run_logs import read_log_history, read_records
-from .configs import CONFIGS, DOSES, PLAN_FILE, run_label, split_label, uncorrected_arm
+from .configs import CONFIGS, DOSES, PLAN_FILE, PUBLISHED_CORRECTIONS, run_label, split_label, uncorrected_arm
 from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, gain_difference, mean_std, rules_text,
                       run_collapse, run_metrics, step_series)
 from .plots import seed_values_by_step, with_fixed_probe, write_observations, write_overlay
@@ -171,9 +172,6 @@ def corrections_md(runs: dict[str, list[dict]]) -> list[str]:
     """Each correction's training gain minus its uncorrected arm's at the same dose
     (:func:`triage_trl.lab.configs.uncorrected_arm`, :func:`triage_trl.lab.metrics.gain_difference`); nothing
     when no run has its uncorrected arm in the folder."""
-    def records(rows):
-        return [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in rows]
-
     table = []
     for label, rows in runs.items():
         config, dose = split_label(label)
@@ -181,7 +179,7 @@ def corrections_md(runs: dict[str, list[dict]]) -> list[str]:
         ref_label = run_label(reference, dose) if reference else None
         if ref_label not in runs:
             continue
-        cells = [gain_difference(records(rows), records(runs[ref_label]), key)
+        cells = [gain_difference(_records(rows), _records(runs[ref_label]), key)
                  for key in ("outcomes", "item_scores", "learner_outcomes")]
         seeds = sorted({r["seed"] for r in rows} & {r["seed"] for r in runs[ref_label]})
         table.append(f"| {label} | {ref_label} | {len(seeds)} | " + " | ".join(_interval(c) for c in cells) + " |")
@@ -195,6 +193,35 @@ def corrections_md(runs: dict[str, list[dict]]) -> list[str]:
             "arms only).", "",
             "| run | against | seeds | gain difference (greedy) | gain difference (avg@N) | "
             "gain difference (greedy, learner) |", "|---|---|---|---|---|---|", *table, ""]
+
+
+def head_to_head_md(runs: dict[str, list[dict]]) -> list[str]:
+    """Each TRIAGE arm's training gain minus each published correction's on the same engines and dose
+    (:data:`triage_trl.lab.configs.PUBLISHED_CORRECTIONS`), paired by (seed, item) over the seeds both ran
+    (:func:`triage_trl.lab.metrics.gain_difference`); nothing when no such pair of arms is in the folder."""
+    table = []
+    for label, rows in runs.items():
+        config, dose = split_label(label)
+        for other in PUBLISHED_CORRECTIONS.get(config, ()):
+            other_label = run_label(other, dose)
+            if other_label not in runs:
+                continue
+            mine, theirs = _records(rows), _records(runs[other_label])
+            cells = [gain_difference(mine, theirs, key) for key in ("outcomes", "item_scores")]
+            seeds = sorted({r["seed"] for r in rows} & {r["seed"] for r in runs[other_label]})
+            table.append(f"| {label} | {other_label} | {len(seeds)} | " + " | ".join(map(_interval, cells)) + " |")
+    if not table:
+        return []
+    return ["## TRIAGE against the published corrections", "",
+            "TRIAGE's training gain minus TIS's or OPSM's on the same engines and dose (points; per (seed, item) over "
+            "the seeds both ran, percentile bootstrap 95% interval): positive, TRIAGE gained more. Not a "
+            "pre-registered comparison.", "",
+            "| run | against | seeds | gain difference (greedy) | gain difference (avg@N) |", "|---|---|---|---|---|",
+            *table, ""]
+
+
+def _records(rows: list[dict]) -> list[dict]:
+    return [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in rows]
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
@@ -390,6 +417,7 @@ def summarize(lab_dir: str) -> str:
     lines += _table(runs, planned) + ["", "Rules:", ""] + rules_text() + [""]
     lines += cost_gain_md(runs)
     lines += corrections_md(runs)
+    lines += head_to_head_md(runs)
     lines += _dose_md(runs, doses)
     lines += ["## Runs and doses", ""]
     for name, rows in runs.items():
