@@ -1,6 +1,7 @@
 """``runtime.provenance``: the code revision and environment a run records (the stability lab's ``provenance``)."""
 
 import os
+import shutil
 import subprocess
 
 import triage_trl
@@ -12,6 +13,8 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(triage_trl.__fi
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("git") is None:  # no git on this machine: as for a folder outside any work tree
+        return subprocess.CompletedProcess(args, 128, "", "git not found")
     return subprocess.run(["git", *args], cwd=PACKAGE_PARENT, capture_output=True, text=True, check=False)
 
 
