@@ -13,7 +13,6 @@ import sys
 import pytest
 
 import triage_trl
-
 from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_setting_arguments, build_trainer_config,
                                     plan_runs, resolve_settings, run_path, scale_preset, settings_to_argv, split_label)
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
@@ -525,6 +524,28 @@ def test_worker_records_a_failed_run(tmp_path, monkeypatch):
     assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()
     (start,) = summary["provenance"]  # one start, recorded before anything could fail
     assert start["from_step"] == 0 and start["triage_trl"] == triage_trl.__version__ and "git_commit" in start
+
+
+def test_a_resumed_run_lists_every_start(tmp_path, monkeypatch):
+    from triage_trl.lab.worker import PROVENANCE, run
+    from triage_trl.trainer import checkpoints
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / PROVENANCE).write_text(json.dumps({"from_step": 0, "git_commit": "a" * 40}) + "\n")
+    monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda d: os.path.join(d, "checkpoint-40"))
+    settings = {**scale_preset("smoke"), "scale": "smoke", "model": "/no/such/model", "task": "no_such_task"}
+    summary = run("triage", 0, str(run_dir), settings)
+    assert [p["from_step"] for p in summary["provenance"]] == [0, 40]
+    assert summary["provenance"][0]["git_commit"] == "a" * 40  # the first start's record is kept
+
+
+def test_published_corrections_name_registered_configurations():
+    from triage_trl.lab.configs import PUBLISHED_CORRECTIONS, uncorrected_arm
+
+    for triage, others in PUBLISHED_CORRECTIONS.items():
+        assert {triage, *others} <= set(CONFIGS)
+        assert {uncorrected_arm(o) for o in others} == {uncorrected_arm(triage)}  # the same engines
 
 
 # ---------------------------------------------------------------- one smoke lab run, end to end

@@ -181,7 +181,7 @@ def corrections_md(runs: dict[str, list[dict]]) -> list[str]:
             continue
         cells = [gain_difference(_records(rows), _records(runs[ref_label]), key)
                  for key in ("outcomes", "item_scores", "learner_outcomes")]
-        seeds = sorted({r["seed"] for r in rows} & {r["seed"] for r in runs[ref_label]})
+        seeds = _paired_seeds(_records(rows), _records(runs[ref_label]))
         table.append(f"| {label} | {ref_label} | {len(seeds)} | " + " | ".join(_interval(c) for c in cells) + " |")
     if not table:
         return []
@@ -208,7 +208,7 @@ def head_to_head_md(runs: dict[str, list[dict]]) -> list[str]:
                 continue
             mine, theirs = _records(rows), _records(runs[other_label])
             cells = [gain_difference(mine, theirs, key) for key in ("outcomes", "item_scores")]
-            seeds = sorted({r["seed"] for r in rows} & {r["seed"] for r in runs[other_label]})
+            seeds = _paired_seeds(mine, theirs)
             table.append(f"| {label} | {other_label} | {len(seeds)} | " + " | ".join(map(_interval, cells)) + " |")
     if not table:
         return []
@@ -222,6 +222,15 @@ def head_to_head_md(runs: dict[str, list[dict]]) -> list[str]:
 
 def _records(rows: list[dict]) -> list[dict]:
     return [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in rows]
+
+
+def _paired_seeds(runs: list[dict], reference: list[dict], key: str = "outcomes") -> list:
+    """The seeds both arms ran to a final evaluation carrying ``key`` (the pairs ``gain_difference`` uses)."""
+    def usable(records):
+        return {r["seed"] for r in records
+                if len(r.get("held_out") or []) >= 2 and key in r["held_out"][0] and key in r["held_out"][-1]}
+
+    return sorted(usable(runs) & usable(reference), key=str)
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:
@@ -240,17 +249,21 @@ def _per_run(runs: dict[str, list[dict]]) -> list[str]:
 def code_md(runs: dict[str, list[dict]]) -> list[str]:
     """One line naming the code revisions behind the runs (``provenance`` of each ``run_summary.json``: one record
     per start, ``runtime.provenance.short_revision``) and how many runs each produced, a resumed run counted under
-    every revision it ran; runs written before the lab recorded it count as not recorded."""
+    every revision it ran; runs written before the lab recorded it, or started before it did and resumed after
+    (first record past step 0), count as not recorded too."""
     counts: dict[str, int] = {}
     for rows in runs.values():
         for r in rows:
-            revisions = dict.fromkeys(short_revision(p) for p in r["summary"].get("provenance") or [])
-            for revision in revisions or ["not recorded"]:
+            starts = r["summary"].get("provenance") or []
+            revisions = dict.fromkeys(short_revision(p) for p in starts)
+            if not starts or min(p.get("from_step", 0) for p in starts) > 0:
+                revisions["not recorded"] = None
+            for revision in revisions:
                 counts[revision] = counts.get(revision, 0) + 1
     listed = ", ".join(f"`{rev}` {n} run{'s' if n > 1 else ''}" if rev != "not recorded"
                        else f"not recorded {n} run{'s' if n > 1 else ''}" for rev, n in counts.items())
     mixed = " (runs from more than one revision: compare them knowing that)" if len(counts) > 1 else ""
-    return [f"Code (git commit of each start; `+`: tracked files changed): {listed}{mixed}."]
+    return [f"Code (git commit of each start; `+`: its code had changes, `?`: unknown): {listed}{mixed}."]
 
 
 def dose_report(runs: dict[str, list[dict]], dose: str) -> dict:
