@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from triage_trl.trainer.sync_probe import (PROBE_FLOOR_FLOAT32, PROBE_FLOOR_HALF, PROBE_FLOOR_MIXED,
+from triage_trl.trainer.sync_probe import (PROBE_FLOOR_FLOAT32, PROBE_FLOOR_HALF, PROBE_FLOOR_MIXED, PROBE_FLOOR_W4A4,
                                            StaleSamplerError, classify_probe, expected_probe_gap, untracked_move)
 
 
@@ -17,8 +17,13 @@ def test_bound_follows_what_each_engine_computes():
     assert expected_probe_gap("bf16", "bf16", "float32", "float32")[0] == PROBE_FLOOR_FLOAT32 == 0.02
     assert expected_probe_gap("bf16", "bf16", "float32", "bfloat16")[0] == PROBE_FLOOR_HALF == 0.1  # TRL's default
     assert expected_probe_gap("bf16", "bf16", "bfloat16", "bfloat16")[0] == PROBE_FLOOR_HALF
-    assert expected_probe_gap("nvfp4", "nvfp4", "float32", "float32")[0] == PROBE_FLOOR_HALF
-    assert expected_probe_gap("nvfp4", "bf16", "bfloat16", "bfloat16")[0] == PROBE_FLOOR_MIXED == 0.5
+    # W4A4 on either side: activation codes rounded apart (SmolLM2-135M: 0.5-1.2 nats); weight-only as before
+    assert expected_probe_gap("nvfp4", "nvfp4", "float32", "float32")[0] == PROBE_FLOOR_W4A4 == 2.0
+    assert expected_probe_gap("bf16", "nvfp4", "float32", "bfloat16")[0] == PROBE_FLOOR_W4A4
+    assert "W4A4" in expected_probe_gap("nvfp4", "bf16", "bfloat16", "bfloat16")[1]
+    assert expected_probe_gap("nvfp4", "nvfp4", "float32", "float32", activations_quantised=False)[0] \
+        == PROBE_FLOOR_HALF
+    assert expected_probe_gap("nvfp4", "bf16", "bfloat16", "bfloat16", False)[0] == PROBE_FLOOR_MIXED == 0.5
     assert "sampler bf16 computing float32" in expected_probe_gap("bf16", "bf16", "float32", "float32")[1]
 
 

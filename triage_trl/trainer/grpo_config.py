@@ -21,9 +21,6 @@ from .sampling_rules import check_comparable_sampling, check_generation_kwargs
 # Loss types whose per-token policy-gradient term TRIAGE can weight through TRL's importance-sampling hook, and
 # whose aggregation TRIAGE keeps unchanged (docs/objective.md, "Loss").
 TRIAGE_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
-# Default bound of `triage/sync_probe_gap` (mean |learner - sampler| log-prob over the probe tokens, nats).
-SYNC_PROBE_DEFAULT_SAME_PRECISION = 0.1
-SYNC_PROBE_DEFAULT_MIXED_PRECISION = 0.5
 
 
 @dataclass
@@ -43,7 +40,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             sampler's log-probs of a fixed probe sequence, measured after the weight syncs `sync_probe_every` picks. Above it, the trainer
             raises at the first sync (the engines compute different models) or when the sampler did not follow the
             learner's move since the previous probe (stale or partial sync), and warns otherwise (precision drift).
-            `None`: from what the engines compute (`sync_probe.expected_probe_gap`: 0.5 with NVFP4 on one side
+            `None`: from what the engines compute (`sync_probe.expected_probe_gap`: 2.0 with NVFP4 activations
+            quantised on either side (W4A4: SmolLM2-135M measures 0.5-1.2), 0.5 with weight-only NVFP4 on one side
             only, 0.02 with both in float32, else 0.1).
         sync_probe_every (`int`, *optional*, defaults to `1`):
             Run the sync probe after the first weight sync and then after every `sync_probe_every`-th (the syncs
@@ -77,8 +75,8 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
             "help": "Bound (nats) on `triage/sync_probe_gap`, the mean |learner - sampler| log-prob of a fixed probe "
             "sequence measured after the syncs `sync_probe_every` picks; above it training stops at the first sync or when the sampler "
             "did not follow the learner since the previous probe (stale, partial), and warns otherwise (precision "
-            "drift). Unset: from the engines' precisions and dtypes (0.5 with NVFP4 on one side only, 0.02 with both "
-            "in float32, else 0.1)."
+            "drift). Unset: from the engines' precisions and dtypes (2.0 with W4A4 NVFP4 on either side, 0.5 with "
+            "weight-only NVFP4 on one side only, 0.02 with both in float32, else 0.1)."
         },
     )
     sync_probe_every: int = field(
@@ -186,9 +184,11 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
         ``sync_probe_bound()`` also knows the engines' dtypes: 0.02 when both compute float32)."""
         if self.sync_probe_max_gap is not None:
             return float(self.sync_probe_max_gap)
-        if self.learner_precision == self.sampler_precision:
-            return SYNC_PROBE_DEFAULT_SAME_PRECISION
-        return SYNC_PROBE_DEFAULT_MIXED_PRECISION
+        from .sync_probe import expected_probe_gap
+
+        # the dtypes are unknown before the engines start: "unknown" never matches the float32 case
+        return expected_probe_gap(self.learner_precision, self.sampler_precision, "unknown", "unknown",
+                                  self.quantizes_activations)[0]
 
     def nvfp4_settings(self) -> dict:
         """The precision and NVFP4 fields plus the sync-probe bound, defaults resolved (for logs and model cards)."""

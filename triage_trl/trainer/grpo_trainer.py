@@ -295,7 +295,7 @@ class TriageGRPOTrainer(GRPOTrainer):
             report = getattr(self.vllm_generation, "kernel_report", None) or {}
             sampler_dtype = str(report.get("dtype", learner_dtype))
             bound, what = expected_probe_gap(self.args.learner_precision, self.args.sampler_precision,
-                                             learner_dtype, sampler_dtype)
+                                             learner_dtype, sampler_dtype, self.args.quantizes_activations)
             if self.args.sync_probe_max_gap is not None:
                 bound, what = float(self.args.sync_probe_max_gap), f"{what}, set by sync_probe_max_gap"
             self._probe_bound = (bound, what)

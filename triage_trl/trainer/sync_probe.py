@@ -43,13 +43,21 @@ class StaleSamplerError(RuntimeError):
 # Mean |learner - sampler| probe gap (nats) of two engines holding the same weights, by what they compute.
 PROBE_FLOOR_FLOAT32 = 0.02  # both float32, no NVFP4: accumulation order only
 PROBE_FLOOR_HALF = 0.1  # bf16 on one side or both (also both NVFP4: same codes, other activation scales)
-PROBE_FLOOR_MIXED = 0.5  # NVFP4 on one side only: the quantisation error itself
+PROBE_FLOOR_MIXED = 0.5  # NVFP4 weights on one side only (W4A16): the quantisation error itself
+PROBE_FLOOR_W4A4 = 2.0
+"""NVFP4 with quantised activations (W4A4) on either side: an activation code one engine rounds the other way changes
+every later layer's input. Measured on SmolLM2-135M-Instruct's probe (2-core CPUs): 0.5-1.0 nats with both engines
+NVFP4 (the demo 0.56, the ``tiny_cpu`` recipe pointed at it 0.64 at the first sync, earlier runs 0.81-0.99) and
+0.78-1.18 with NVFP4 on the sampler only (the stability lab's E2b, 100 steps), which a tighter bound stops at the
+first sync or reads as a stale sampler later; tiny random models stay under 0.1. A larger model should show less,
+and a tighter ``sync_probe_max_gap`` then catches a stale sampler sooner (not measured: nothing here has run on a
+GPU)."""
 UNTRACKED_SHARE = 0.25  # stale or partial: the sampler missed more than this share of the learner's move
 _HALF_DTYPES = ("bfloat16", "float16")
 
 
 def expected_probe_gap(learner_precision: str, sampler_precision: str, learner_dtype: str,
-                       sampler_dtype: str) -> tuple[float, str]:
+                       sampler_dtype: str, activations_quantised: bool = True) -> tuple[float, str]:
     """The probe gap (nats) two engines holding the same weights may show, from what each computes.
 
     Args:
@@ -57,13 +65,17 @@ def expected_probe_gap(learner_precision: str, sampler_precision: str, learner_d
         learner_dtype: the dtype the learner computes in (``"float32"`` for a model TRL loaded from an id, unless
             ``bf16`` autocast or a bf16 ``model_init_kwargs`` dtype).
         sampler_dtype: the engine's dtype (``kernel_report["dtype"]``).
+        activations_quantised: whether the NVFP4 layers quantise their inputs (W4A4; ``False``: weight-only).
 
     Returns:
-        ``(bound, why)``: :data:`PROBE_FLOOR_MIXED` with NVFP4 on one side only, :data:`PROBE_FLOOR_FLOAT32` when
-        both compute float32 without NVFP4, :data:`PROBE_FLOOR_HALF` otherwise; ``why`` names the case.
+        ``(bound, why)``: :data:`PROBE_FLOOR_W4A4` with W4A4 NVFP4 on either side, :data:`PROBE_FLOOR_MIXED` with
+        weight-only NVFP4 on one side only, :data:`PROBE_FLOOR_FLOAT32` when both compute float32 without NVFP4,
+        :data:`PROBE_FLOOR_HALF` otherwise; ``why`` names the case.
     """
     what = (f"learner {learner_precision} computing {learner_dtype}, sampler {sampler_precision} computing "
             f"{sampler_dtype}")
+    if "nvfp4" in (learner_precision, sampler_precision) and activations_quantised:
+        return PROBE_FLOOR_W4A4, f"{what}, NVFP4 activations quantised (W4A4)"
     if learner_precision != sampler_precision:
         return PROBE_FLOOR_MIXED, what
     if learner_precision != "nvfp4" and learner_dtype == sampler_dtype == "float32":
