@@ -145,7 +145,7 @@ def format_table(summary: dict) -> str:
         ("total time", f"{summary.get('total_seconds', math.nan) / 60:.1f} min"),
         ("mean train reward first -> last step", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}"),
         ("groups with zero reward spread (mean)", f"{summary['zero_signal_frac']:.1%}"),
-        ("sync probe gap, max (nats)", f"{summary['sync_probe_gap_max']:.3f}"),
+        ("sync probe mean gap, largest probe (nats)", f"{summary['sync_probe_gap_max']:.3f}"),
     ]
     first, last = summary.get("mismatch_first"), summary.get("mismatch_last")
     if first and last:
