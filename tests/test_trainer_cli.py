@@ -143,6 +143,18 @@ def test_bad_config_values_end_in_one_line(tmp_path, capsys):
     assert "Recipe nope.yaml does not exist" in _last_line(capsys)
 
 
+def test_a_misspelt_flag_or_a_value_outside_the_choices_ends_in_one_line_naming_the_fix(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--config", "tiny_cpu", "--output_dir", str(tmp_path), "--sync_probe_evry", "4"])
+    assert exit_.value.code == 2
+    assert _last_line(capsys).endswith("did you mean --sync_probe_evry -> --sync_probe_every?")
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--config", "tiny_cpu", "--output_dir", str(tmp_path), "--nvfp4_recipe", "nvfp4_paper"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "invalid choice: 'nvfp4_paper'" in err[0]
+    assert err[0].startswith("triage-grpo: error:") and err[0].endswith("(`triage-grpo --help` lists every field)")
+
+
 def test_missing_model_path_ends_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["--config", "tiny_cpu", "--output_dir", str(out), "--model_name_or_path", "./no/such/model"]) == 2

@@ -332,6 +332,22 @@ def configure_logging() -> None:
     logging.getLogger("triage_trl").setLevel(logging.INFO)
 
 
+HELP_HINT = "`triage-grpo --help` lists every field"
+
+
+def _with_suggestions(message: str, parser: argparse.ArgumentParser) -> str:
+    """TRL's parser's error for flags no field takes, with the closest known flag for each (``difflib``)."""
+    if "arguments are not used" not in message:
+        return message
+    import difflib
+    import re
+
+    known = [option for action in parser._actions for option in action.option_strings]
+    hints = [f"{flag} -> {close[0]}" for flag in re.findall(r"'(--[\w.-]+)'", message)
+             if (close := difflib.get_close_matches(flag, known, n=1))]
+    return f"{message}: did you mean {', '.join(hints)}?" if hints else f"{message} ({HELP_HINT})"
+
+
 def parse_args(argv: list[str] | None = None):
     """``(script_args, training_args, model_args)`` from the command line; ``--config`` may name a shipped recipe.
 
@@ -340,13 +356,15 @@ def parse_args(argv: list[str] | None = None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
+    # argparse's own errors (a value outside a field's choices, a missing value) as one line, not the whole usage
+    parser.error = lambda message: parser.exit(2, f"triage-grpo: error: {message} ({HELP_HINT})\n")
     try:
         if "--config" in argv and argv.index("--config") + 1 < len(argv):
             i = argv.index("--config") + 1
             argv[i] = resolve_recipe(argv[i])
         return parser.parse_args_and_config(args=argv)
     except (ValueError, NotImplementedError, FileNotFoundError) as err:
-        parser.exit(2, f"triage-grpo: error: {err}\n")
+        parser.exit(2, f"triage-grpo: error: {_with_suggestions(str(err), parser)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
