@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from triage_trl.runtime import child_process_env
-from triage_trl.runtime.provenance import git_revision
+from triage_trl.provenance import git_revision
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

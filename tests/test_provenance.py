@@ -1,4 +1,4 @@
-"""``runtime.provenance``: the code revision and environment a run records (the stability lab's ``provenance``)."""
+"""``triage_trl.provenance``: the code revision and environment a run records (the stability lab's ``provenance``)."""
 
 import os
 import shutil
@@ -8,8 +8,9 @@ import pytest
 
 import triage_trl
 from triage_trl.lab.summarize import code_md
-from triage_trl.runtime import provenance
-from triage_trl.runtime.provenance import code_revision, git_revision, short_revision
+from triage_trl.provenance import code_revision, git_revision, short_revision
+from triage_trl.provenance import revision as provenance
+from triage_trl.runtime import child_process_env
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(triage_trl.__file__)))
 
@@ -17,7 +18,8 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(triage_trl.__fi
 def _git(*args: str) -> subprocess.CompletedProcess:
     if shutil.which("git") is None:  # no git on this machine: as for a folder outside any work tree
         return subprocess.CompletedProcess(args, 128, "", "git not found")
-    return subprocess.run(["git", *args], cwd=PACKAGE_PARENT, capture_output=True, text=True, check=False)
+    return subprocess.run(["git", *args], cwd=PACKAGE_PARENT, env=child_process_env(), capture_output=True, text=True,
+                          check=False)
 
 
 def test_the_revision_is_the_commit_of_the_checkout_triage_trl_is_imported_from():

@@ -46,11 +46,11 @@ def run_record(trainer) -> dict:
     Returns:
         ``{"triage_trl_version", "git_commit", "git_dirty", "model_name_or_path", "nvfp4": {NVFP4Config field:
         value}, "calibration_prompts": [str, ...]}``; the commit of the checkout triage-trl runs from and whether
-        tracked files differed from it (``None`` for an installed copy: ``runtime.provenance.code_revision``); the
+        tracked files differed from it (``None`` for an installed copy: ``provenance.code_revision``); the
         prompts are those the vLLM sampler calibrated on, rendered to text (empty without a vLLM sampler).
     """
     from ..nvfp4.config import NVFP4Config
-    from ..runtime.provenance import git_revision
+    from ..provenance import git_revision
 
     sampler = getattr(trainer, "vllm_generation", None)
     prompts = sampler.calibration_texts() if sampler is not None else []

@@ -24,7 +24,7 @@ import json
 import math
 import os
 
-from ..runtime.provenance import short_revision
+from ..provenance import short_revision
 from ..runtime.run_logs import read_log_history, read_records
 from .configs import CONFIGS, DOSES, PLAN_FILE, PUBLISHED_CORRECTIONS, run_label, split_label, uncorrected_arm
 from .metrics import (collapse_rule_text, cost_gain_stability, format_mean_std, gain_difference, mean_std, rules_text,
@@ -248,7 +248,7 @@ def _per_run(runs: dict[str, list[dict]]) -> list[str]:
 
 def code_md(runs: dict[str, list[dict]]) -> list[str]:
     """One line naming the code revisions behind the runs (``provenance`` of each ``run_summary.json``: one record
-    per start, ``runtime.provenance.short_revision``) and how many runs each produced, a resumed run counted under
+    per start, ``provenance.short_revision``) and how many runs each produced, a resumed run counted under
     every revision it ran; runs written before the lab recorded it, or started before it did and resumed after
     (first record past step 0), count as not recorded too."""
     counts: dict[str, int] = {}

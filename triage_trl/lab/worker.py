@@ -16,7 +16,7 @@ and shared by the lab's runs that start from it (:mod:`triage_trl.lab.step0`). I
   stopped mid-way resumes from the last complete one when the lab reruns it (its logs are cut back to that step);
   removed when the run finishes;
 - ``provenance.jsonl``: one record per start of the run (the step it started from, the triage-trl version, git
-  commit and environment: :func:`triage_trl.runtime.provenance.code_revision`), so a resumed run names every code
+  commit and environment: :func:`triage_trl.provenance.code_revision`), so a resumed run names every code
   revision that produced it;
 - ``run_summary.json`` (last, always): configuration, seed, settings, held-out accuracies, timings, ``provenance``
   and ``status``
@@ -146,7 +146,7 @@ def run(config_name: str, seed: int, run_dir: str, settings: dict, dose: str | N
         for name in (LOG_HISTORY, HELD_OUT, "error.txt", FIXED_PROBE, FIXED_PROBE_BATCH, PROVENANCE):  # starts clean
             if os.path.exists(os.path.join(run_dir, name)):
                 os.remove(os.path.join(run_dir, name))
-    from ..runtime.provenance import code_revision
+    from ..provenance import code_revision
 
     _append_jsonl(os.path.join(run_dir, PROVENANCE), {"from_step": resumed_step or 0, **code_revision()})
     start = time.perf_counter()

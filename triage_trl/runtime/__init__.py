@@ -9,7 +9,7 @@ keeps its threads. Source: vLLM 0.31 ``vllm/envs.py`` (``disable_envs_cache``) a
 The process helpers live beside these settings: ``preflight.py`` (model source, reward columns and prompts checked
 before any model loads), ``run_folder.py`` (the output folder's checks and its run lock), ``run_logs.py`` (a run's
 ``trainer_state.json`` log history), ``progress.py`` (progress lines of long conversions), ``validators.py`` (the
-field checks of the settings dataclasses), ``provenance.py`` (the code revision and environment behind a run).
+field checks of the settings dataclasses).
 """
 
 from __future__ import annotations

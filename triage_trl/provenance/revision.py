@@ -19,9 +19,9 @@ docs kept in the same checkout."""
 
 def code_revision() -> dict:
     """``{"triage_trl", "git_commit", "git_dirty", "environment"}`` of this process (:func:`git_revision`, and
-    ``env_report.environment_info()``); never raises."""
+    ``environment.environment_info()``); never raises."""
     from .. import __version__
-    from ..env_report import environment_info
+    from .environment import environment_info
 
     return {"triage_trl": __version__, **git_revision(), "environment": environment_info()}
 
