@@ -45,9 +45,9 @@ def run_record(trainer) -> dict:
 
     Returns:
         ``{"triage_trl_version", "git_commit", "git_dirty", "model_name_or_path", "nvfp4": {NVFP4Config field:
-        value}, "calibration_prompts": [str, ...]}``; the commit of the checkout triage-trl runs from and whether
-        tracked files differed from it (``None`` for an installed copy: ``provenance.code_revision``); the
-        prompts are those the vLLM sampler calibrated on, rendered to text (empty without a vLLM sampler).
+        value}, "calibration_prompts": [str, ...]}``; the commit of the checkout triage-trl runs from and whether its
+        code differed from it (``None`` for an installed copy: ``provenance.git_revision``); the prompts are those
+        the vLLM sampler calibrated on, rendered to text (empty without a vLLM sampler).
     """
     from ..nvfp4.config import NVFP4Config
     from ..provenance import git_revision
