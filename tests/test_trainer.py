@@ -173,6 +173,14 @@ def _loss_and_grads(trainer, inputs):
 # ---------------------------------------------------------------------------------------------- config
 
 
+def test_a_bad_triage_or_nvfp4_value_is_named_before_transformers_device_checks(tmp_path):
+    # no use_cpu on a CPU machine: transformers would refuse TRL's bf16 default first, hiding the bad value
+    with pytest.raises(ValueError, match="nvfp4_recipe"):
+        TriageGRPOConfig(output_dir=str(tmp_path), nvfp4_recipe="nvfp4_paper")
+    with pytest.raises(ValueError, match="triage_mode"):
+        TriageGRPOConfig(output_dir=str(tmp_path), triage_mode="fulll")
+
+
 def test_config_defaults_turn_trl_correction_off_and_resolve_probe_bound(tmp_path):
     args = _args(TriageGRPOConfig, tmp_path)
     assert args.triage_mode == "full" and args.vllm_importance_sampling_correction is False

@@ -151,9 +151,11 @@ class TriageGRPOConfig(GRPOConfig, TriageConfig, NVFP4Config):
                 "(or set it to False), or use triage_mode='diagnose' to keep TRL's ratio and only measure."
             )
         check_launch(self)  # before TRL's and transformers' checks, which need DeepSpeed installed for a ZeRO launch
-        super().__post_init__()
+        # Our own fields first (checks of their values alone): a bad one is named even where transformers' checks
+        # of the device (bf16 without a GPU, ...) would stop first.
         self.validate_triage()
         self.validate_nvfp4()
+        super().__post_init__()
         self._validate_run()
 
     @property
