@@ -32,7 +32,8 @@ METRICS: dict[str, str] = {
     "hot_segment_frac": "Share of segments with a diagnosed token that are hot.",
     "tail_in_hot_frac": "Share of amplifying tail tokens that sit in hot segments.",
     "tail_concentration": "Share of amplifying tail tokens in the ceil(10%) of segments holding the most.",
-    "beta": "Rebalancing factor of the heavier amplifying quadrant in hot segments." + _FULL,
+    "beta": "Rebalancing factor of the heavier amplifying quadrant in hot segments (the spec's beta, not GRPO's KL "
+    "coefficient `beta`)." + _FULL,
     "rebalanced_frac": "Share of diagnosed tokens whose weight beta < 1 multiplies." + _FULL,
     "repaired_frac": "Share of diagnosed tokens with severe mismatch, repaired." + _FULL,
     "weight_mean": "Mean weight over valid tokens." + _FULL,
