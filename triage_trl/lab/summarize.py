@@ -224,13 +224,13 @@ def _records(rows: list[dict]) -> list[dict]:
     return [{"seed": r["seed"], "held_out": r["summary"].get("held_out")} for r in rows]
 
 
-def _paired_seeds(runs: list[dict], reference: list[dict], key: str = "outcomes") -> list:
+def _paired_seeds(runs: list[dict], reference: list[dict], key: str = "outcomes") -> set:
     """The seeds both arms ran to a final evaluation carrying ``key`` (the pairs ``gain_difference`` uses)."""
     def usable(records):
         return {r["seed"] for r in records
                 if len(r.get("held_out") or []) >= 2 and key in r["held_out"][0] and key in r["held_out"][-1]}
 
-    return sorted(usable(runs) & usable(reference), key=str)
+    return usable(runs) & usable(reference)
 
 
 def _per_run(runs: dict[str, list[dict]]) -> list[str]:

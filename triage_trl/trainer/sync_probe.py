@@ -42,7 +42,7 @@ class StaleSamplerError(RuntimeError):
 
 # Mean |learner - sampler| probe gap (nats) of two engines holding the same weights, by what they compute.
 PROBE_FLOOR_FLOAT32 = 0.02  # both float32, no NVFP4: accumulation order only
-PROBE_FLOOR_HALF = 0.1  # bf16 on one side or both (also both NVFP4: same codes, other activation scales)
+PROBE_FLOOR_HALF = 0.1  # bf16 on one side or both (also both NVFP4 weight-only: the same codes)
 PROBE_FLOOR_MIXED = 0.5  # NVFP4 weights on one side only (W4A16): the quantisation error itself
 PROBE_FLOOR_W4A4 = 2.0
 """NVFP4 with quantised activations (W4A4) on either side: an activation code one engine rounds the other way changes
