@@ -66,14 +66,19 @@ def pytest_sessionfinish(session, exitstatus):
 # --- end scheduling ---
 
 
+# 128 MiB: thousands of tokens for the tiny test models. The product's 1 GiB costs each engine about 0.6 s more here
+# (allocating and zeroing it, and vLLM's per-block bookkeeping, which every full garbage collection then walks).
+TEST_KV_CACHE_GIB = 0.125
+
+
 @pytest.fixture(scope="session")
 def in_process_vllm():
     """The process settings every vLLM engine of the test session runs in (``triage_trl.runtime``): the engine core
-    in this process (the one-call weight sync and the CPU NVFP4 kernel need it), a 1 GiB KV cache, torch's threads
-    given back after each engine start; restored at the end of the session."""
+    in this process (the one-call weight sync and the CPU NVFP4 kernel need it), a KV cache of ``TEST_KV_CACHE_GIB``,
+    torch's threads given back after each engine start; restored at the end of the session."""
     from triage_trl.runtime import vllm_process_settings
 
-    with vllm_process_settings(cpu_kv_cache_gib=1):
+    with vllm_process_settings(cpu_kv_cache_gib=TEST_KV_CACHE_GIB):
         yield
 
 

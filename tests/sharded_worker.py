@@ -175,7 +175,7 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
     facts = {"rank": rank, "world_size": accelerator.num_processes, "mode": mode, "scales": scales,
              "precision": precision, "gaps": [], "learner_diff": [], "learner_moved": []}
     first_logits = None
-    with vllm_process_settings(cpu_kv_cache_gib=1):
+    with vllm_process_settings(cpu_kv_cache_gib=0.125):  # tests/conftest.py's TEST_KV_CACHE_GIB
         gen = TriageVLLMGeneration(
             model, accelerator, tokenizer, sampler_precision=precision, calibration_prompts=PROMPTS,
             checkpoint_dir=os.path.join(out_dir, "sampler_checkpoint"), max_model_length=256, max_num_seqs=4,

@@ -123,6 +123,7 @@ def test_engine_starts_and_reports_its_kernels(triage_samplers, precision):
     assert s.gen.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
     cache = s.gen.llm.llm_engine.vllm_config.cache_config  # prefix caching can share a short prompt's blocks
     assert cache.block_size == 32 and cache.enable_prefix_caching
+    assert cache.kv_cache_memory_bytes == 2**27  # tests/conftest.py's TEST_KV_CACHE_GIB, not vLLM's whole GiB
     assert torch.set_num_threads is torch._C.set_num_threads  # vLLM's no-op replacement undone
     ids = s.tokenizer("What is 3 + 4?")["input_ids"]
     prompt_ids, completion_ids, logprobs, _ = s.gen.generate([ids, ids], None, 1)
@@ -569,7 +570,7 @@ from pathlib import Path
 from triage_trl.runtime import vllm_process_settings
 from triage_trl.sampler.vllm_engine import start_engine
 from triage_trl.testing import save_tiny_qwen3, save_tiny_qwen3_moe
-with tempfile.TemporaryDirectory() as d, vllm_process_settings(cpu_kv_cache_gib=1):
+with tempfile.TemporaryDirectory() as d, vllm_process_settings(cpu_kv_cache_gib=0.125):
     dense, _ = start_engine(save_tiny_qwen3(Path(d) / "dense"), "bf16", max_model_len=128, seed=0)
     moe, report = start_engine(save_tiny_qwen3_moe(Path(d) / "moe"), "bf16", max_model_len=128, seed=0)
     print("moe_kernels=" + report["moe_kernels"])

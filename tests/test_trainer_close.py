@@ -100,7 +100,7 @@ def fail_after_start(self):
     raise RuntimeError("construction failed after the engine started")
 
 model, ds, out = str(save_tiny_qwen3("tiny")), arith_dataset(8, seed=0), {}
-with vllm_process_settings(cpu_kv_cache_gib=1):
+with vllm_process_settings(cpu_kv_cache_gib=0.125):  # tests/conftest.py's TEST_KV_CACHE_GIB
     out["found"] = state()
     first = TriageGRPOTrainer(model, digit_share_reward, args=args("first"), train_dataset=ds)
     first.train()  # never closed

@@ -26,6 +26,10 @@ IN_PROCESS_VLLM_ENV = {
     "TOKENIZERS_PARALLELISM": "false",  # tokenizers' thread pool would fight the learner for the cores
 }
 DEFAULT_CPU_KV_CACHE_GIB = 1
+# The KV cache size in bytes that vllm_process_settings chose, read by sampler.vllm_engine.start_engine (passed as
+# vLLM's `kv_cache_memory_bytes`): VLLM_CPU_KVCACHE_SPACE takes whole GiB only, and while it is set it overrides
+# `kv_cache_memory_bytes` on vLLM's CPU platform.
+CPU_KV_CACHE_BYTES_ENV = "TRIAGE_CPU_KV_CACHE_BYTES"
 # The rendezvous of torch.distributed's default group. A process with an in-process vLLM engine has them set (TRL's
 # colocated sampler sets MASTER_PORT to the port its group's store listens on); a child process inheriting them would
 # try to listen on that same port.
@@ -43,8 +47,10 @@ def vllm_process_settings(
     """Environment and threads for in-process vLLM engines started inside the block; everything restored after.
 
     Args:
-        cpu_kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) for vLLM's CPU build. ``None`` keeps a value already in the
-            environment, else uses 1 GiB.
+        cpu_kv_cache_gib: the KV cache of each engine on vLLM's CPU build, in GiB (fractions allowed, e.g. 0.125 for
+            tiny test models). ``None`` keeps the size of an enclosing block, else ``VLLM_CPU_KVCACHE_SPACE``, else 1 GiB. Whole
+            GiB also set ``VLLM_CPU_KVCACHE_SPACE`` (vLLM reads only whole GiB there); engines started by
+            :func:`triage_trl.sampler.vllm_engine.start_engine` get the exact size as ``kv_cache_memory_bytes``.
         disabled_kernels: vLLM linear kernel class names to skip at kernel selection (``VLLM_DISABLED_KERNELS``,
             added to any already set).
         env: further variables to set.
@@ -52,10 +58,19 @@ def vllm_process_settings(
     Sets :data:`IN_PROCESS_VLLM_ENV`, clears vLLM's environment cache on entry and on exit (vLLM caches every
     variable once an engine has started, so later engines of the process would not see the new values), and puts
     back torch's thread count, ``torch.set_num_threads`` and the CPU affinity on exit.
+
+    Raises:
+        ValueError: ``cpu_kv_cache_gib`` (or ``VLLM_CPU_KVCACHE_SPACE``) is not a positive number.
     """
-    values = dict(IN_PROCESS_VLLM_ENV)
-    kv = cpu_kv_cache_gib if cpu_kv_cache_gib is not None else os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-    values["VLLM_CPU_KVCACHE_SPACE"] = str(kv if kv is not None else DEFAULT_CPU_KV_CACHE_GIB)
+    values: dict[str, str | None] = dict(IN_PROCESS_VLLM_ENV)
+    if cpu_kv_cache_gib is not None:
+        gib = _positive_gib(cpu_kv_cache_gib)
+    elif os.environ.get(CPU_KV_CACHE_BYTES_ENV):  # inside another block: keep its exact size
+        gib = int(os.environ[CPU_KV_CACHE_BYTES_ENV]) / 2**30
+    else:
+        gib = _positive_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KV_CACHE_GIB)
+    values["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib)) if gib.is_integer() else None
+    values[CPU_KV_CACHE_BYTES_ENV] = str(int(gib * 2**30))
     if disabled_kernels:
         current = [k for k in os.environ.get("VLLM_DISABLED_KERNELS", "").split(",") if k]
         values["VLLM_DISABLED_KERNELS"] = ",".join(dict.fromkeys([*current, *disabled_kernels]))
@@ -64,12 +79,27 @@ def vllm_process_settings(
         yield
 
 
+def _positive_gib(value) -> float:
+    try:
+        gib = float(value)
+    except (TypeError, ValueError):
+        gib = float("nan")
+    if not gib > 0 or gib == float("inf"):
+        raise ValueError(f"The CPU KV cache must be a positive number of GiB, got {value!r}: pass "
+                         "vllm_process_settings(cpu_kv_cache_gib=...) or set VLLM_CPU_KVCACHE_SPACE, e.g. 1.")
+    return gib
+
+
 @contextlib.contextmanager
-def environment_overrides(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the block and put back what was there before (also on error); vLLM's
-    environment cache is cleared on entry and exit so engines started inside read the new values."""
+def environment_overrides(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set environment variables for the block (``None`` removes one) and put back what was there before (also on
+    error); vLLM's environment cache is cleared on entry and exit so engines started inside read the new values."""
     saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     _clear_vllm_env_cache()
     try:
         yield
@@ -100,11 +130,13 @@ def preserved_torch_threads() -> Iterator[None]:
 
 def child_process_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child process that starts its own run (a lab worker, a test's launcher):
-    without the torch.distributed rendezvous variables (``RENDEZVOUS_ENV``) but with a ``MASTER_PORT`` of its own (a
-    free port now: left unset, accelerate gives every such child 29500, and two at once collide), plus ``extra``."""
+    without the torch.distributed rendezvous variables (``RENDEZVOUS_ENV``) and this process's exact KV cache size
+    (``CPU_KV_CACHE_BYTES_ENV``: the child's own ``vllm_process_settings`` chooses, from ``VLLM_CPU_KVCACHE_SPACE`` or
+    its default), but with a ``MASTER_PORT`` of its own (a free port now: left unset, accelerate gives every such child
+    29500, and two at once collide), plus ``extra``."""
     from torch.distributed.elastic.utils.distributed import get_free_port
 
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (*RENDEZVOUS_ENV, CPU_KV_CACHE_BYTES_ENV)}
     env["MASTER_PORT"] = str(get_free_port())
     env.update(extra)
     return env

@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from ..runtime import engine_dtype, environment_overrides, preserved_torch_threads
+from ..runtime import CPU_KV_CACHE_BYTES_ENV, engine_dtype, environment_overrides, preserved_torch_threads
 
 CHECKPOINT_DTYPE = torch.bfloat16
 """The dtype of the unquantised tensors in the checkpoints written for serving (``triage-export``), as vLLM serves
@@ -99,7 +99,9 @@ def start_engine(
             ``EmulationNvFp4LinearKernel``, a reference). Both are registered through vLLM's public
             ``register_linear_kernel``; the other one is skipped through ``VLLM_DISABLED_KERNELS`` at start.
         **llm_kwargs: ``vllm.LLM`` arguments; ours (:func:`sampler_dtype`, the checkpoint's tokenizer, eager and
-            :data:`CPU_BLOCK_SIZE` on CPU) are defaults.
+            :data:`CPU_BLOCK_SIZE` on CPU, and there the KV cache size :func:`triage_trl.runtime.vllm_process_settings`
+            chose, as ``kv_cache_memory_bytes``) are defaults. A ``kv_cache_memory_bytes`` given here wins over
+            ``VLLM_CPU_KVCACHE_SPACE``.
 
     Returns:
         ``(llm, kernel_report)``: the engine and :func:`inspect_kernels`'s report.
@@ -132,11 +134,20 @@ def start_engine(
         kwargs["enforce_eager"] = True
         kwargs["block_size"] = CPU_BLOCK_SIZE
     kwargs.update(llm_kwargs)
-    disabled_env = ",".join([*filter(None, os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")), *disabled])
+    overrides: dict[str, str | None] = {}
+    if on_cpu:
+        chosen = os.environ.get(CPU_KV_CACHE_BYTES_ENV)
+        if kwargs.get("kv_cache_memory_bytes") is None and chosen:
+            kwargs["kv_cache_memory_bytes"] = int(chosen)
+        if kwargs.get("kv_cache_memory_bytes") is not None:  # else vLLM's CPU platform lets the variable win
+            overrides["VLLM_CPU_KVCACHE_SPACE"] = None
+    if disabled:
+        overrides["VLLM_DISABLED_KERNELS"] = ",".join(
+            [*filter(None, os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")), *disabled])
     tensor_parallel_size = int(kwargs.get("tensor_parallel_size") or 1)
     if _is_moe_checkpoint(checkpoint_dir):
         _ensure_expert_group(tensor_parallel_size)
-    with environment_overrides({"VLLM_DISABLED_KERNELS": disabled_env} if disabled else {}), preserved_torch_threads():
+    with environment_overrides(overrides), preserved_torch_threads():
         llm = LLM(**kwargs)
     _ensure_expert_group(tensor_parallel_size)  # for MoE engines started next to this one
     if not in_process:
