@@ -24,9 +24,10 @@ install: $(VENV)/.installed
 
 # Two pytest workers (pytest-xdist): most of the suite's time is single-threaded (interpreter and engine start-up,
 # subprocess launches, math-verify), so two workers share two cores (times and memory per CPU kind: README, "Test").
-# TEST_WORKERS=0 runs it in one process. Each worker takes whole modules (--dist loadscope: a module's fixtures run once), the slowest first
-# (tests/module_seconds.json, read by tests/conftest.py; TRIAGE_TEST_TIMES=tests/module_seconds.json rewrites it),
-# on one torch thread and a rendezvous port of its own (tests/conftest.py).
+# TEST_WORKERS=0 runs it in one process. Each worker takes whole modules (--dist loadscope: a module's fixtures run
+# once), the slowest first (tests/module_seconds.json, read by tests/conftest.py;
+# TRIAGE_TEST_TIMES=tests/module_seconds.json rewrites it), on one torch thread and a rendezvous port of its own
+# (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder

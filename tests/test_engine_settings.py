@@ -29,11 +29,16 @@ def test_whole_and_fractional_gib_and_a_nested_block(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     with vllm_process_settings():
         assert _kv_env() == ("3", str(3 * 2**30))
+    with vllm_process_settings(env={"VLLM_CPU_KVCACHE_SPACE": "4"}):
+        assert _kv_env() == ("4", str(4 * 2**30))  # the variable given to the block chooses the size
+    monkeypatch.setenv(CPU_KV_CACHE_BYTES_ENV, str(2**27))  # inherited by a child started without child_process_env
+    with vllm_process_settings():
+        assert _kv_env() == ("3", str(3 * 2**30))  # the child's own variable wins
 
 
-@pytest.mark.parametrize("bad", [0, -1, "x", float("nan"), float("inf")])
+@pytest.mark.parametrize("bad", [0, -1, 2**-11, "x", float("nan"), float("inf")])
 def test_a_size_that_is_not_a_positive_number_is_refused(bad):
-    with pytest.raises(ValueError, match="positive number of GiB"):
+    with pytest.raises(ValueError, match="at least 1 MiB"):
         with vllm_process_settings(cpu_kv_cache_gib=bad):
             pass
 
@@ -43,6 +48,10 @@ def test_start_engine_passes_the_size_and_hides_the_whole_gib_variable(tmp_path,
     """vLLM's CPU platform lets ``VLLM_CPU_KVCACHE_SPACE`` override ``kv_cache_memory_bytes``: the engine is built
     without it, with the exact size chosen (or the one the caller passed)."""
     import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU platform only; the CPU runs this test everywhere else")
 
     from triage_trl.sampler.vllm_engine import start_engine
 
@@ -63,3 +72,25 @@ def test_start_engine_passes_the_size_and_hides_the_whole_gib_variable(tmp_path,
             start_engine(tmp_path, "bf16", **extra)
         assert _kv_env()[0] == (str(gib) if isinstance(gib, int) else None)  # put back after the start
     assert seen == {"bytes": expected, "variable": None}
+
+
+def test_a_variable_set_inside_the_block_wins(tmp_path, monkeypatch):
+    import vllm
+    from vllm.platforms import current_platform
+
+    from triage_trl.sampler.vllm_engine import start_engine
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU platform only; the CPU runs this test everywhere else")
+    seen = {}
+
+    def fake_llm(**kwargs):
+        seen.update(bytes=kwargs.get("kv_cache_memory_bytes"), variable=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    with vllm_process_settings(cpu_kv_cache_gib=1):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+        with pytest.raises(KeyboardInterrupt):
+            start_engine(tmp_path, "bf16")
+    assert seen == {"bytes": None, "variable": "4"}  # vLLM reads the variable, as it would without triage-trl

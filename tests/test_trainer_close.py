@@ -30,8 +30,9 @@ from triage_trl.runtime import vllm_process_settings
 from triage_trl.testing import save_tiny_qwen3
 from triage_trl.trainer import TriageGRPOConfig, TriageGRPOTrainer
 
-def rss():
-    gc.collect()
+def rss(collect=True):
+    if collect:
+        gc.collect()
     return psutil.Process().memory_info().rss / 2**30
 
 model, ds, out = str(save_tiny_qwen3("tiny")), arith_dataset(8, seed=0), {{}}
@@ -40,11 +41,13 @@ with vllm_process_settings(cpu_kv_cache_gib={KV_CACHE_GIB}):
     trainer = TriageGRPOTrainer(model, digit_share_reward, train_dataset=ds)  # TRL's quickstart call, args=None
     out["args"] = [trainer.args.output_dir, trainer.args.use_vllm, trainer.args.vllm_mode, trainer.args.triage_mode]
     llm = weakref.ref(trainer.vllm_generation.llm)
+    core = weakref.ref(trainer.vllm_generation.llm.llm_engine.engine_core.engine_core)  # vLLM's EngineCore
     out["rss_started"] = rss()
     trainer.close()
+    out["core_freed"] = core() is None  # by close() itself: no collection of ours in between
+    out["rss_closed"] = rss(collect=False)
     trainer.close()  # a second call does nothing
     out["llm_freed"] = llm() is None
-    out["rss_closed"] = rss()
     args = TriageGRPOConfig(output_dir="second", use_cpu=True, bf16=False, max_steps=1, per_device_train_batch_size=4,
                             num_generations=4, max_completion_length=8, vllm_max_model_length=128, logging_steps=1,
                             save_strategy="no", report_to="none", model_init_kwargs={{"dtype": torch.bfloat16}})
@@ -65,7 +68,7 @@ def test_quickstart_close_and_a_second_trainer_in_one_process(tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
     assert out["args"] == ["tiny-TRIAGE-GRPO", True, "colocate", "full"]  # TRIAGE on: the colocated vLLM sampler
-    assert out["llm_freed"] and out["second_freed"]
+    assert out["llm_freed"] and out["second_freed"] and out["core_freed"]
     assert out["second"] == [1, 1, 1]  # one step, one sync, one sync probe
     # The engine's KV cache alone is KV_CACHE_GIB: starting takes at least half of it, closing gives it back.
     started, closed = out["rss_started"] - out["rss_before"], out["rss_started"] - out["rss_closed"]

@@ -48,9 +48,10 @@ def vllm_process_settings(
 
     Args:
         cpu_kv_cache_gib: the KV cache of each engine on vLLM's CPU build, in GiB (fractions allowed, e.g. 0.125 for
-            tiny test models). ``None`` keeps the size of an enclosing block, else ``VLLM_CPU_KVCACHE_SPACE``, else 1 GiB. Whole
-            GiB also set ``VLLM_CPU_KVCACHE_SPACE`` (vLLM reads only whole GiB there); engines started by
-            :func:`triage_trl.sampler.vllm_engine.start_engine` get the exact size as ``kv_cache_memory_bytes``.
+            tiny test models). ``None``: ``VLLM_CPU_KVCACHE_SPACE`` (from ``env`` or the environment), else the size
+            of an enclosing block, else 1 GiB. Whole GiB also set ``VLLM_CPU_KVCACHE_SPACE`` (vLLM reads only whole
+            GiB there); engines started by :func:`triage_trl.sampler.vllm_engine.start_engine` get the exact size as
+            ``kv_cache_memory_bytes``.
         disabled_kernels: vLLM linear kernel class names to skip at kernel selection (``VLLM_DISABLED_KERNELS``,
             added to any already set).
         env: further variables to set.
@@ -60,15 +61,18 @@ def vllm_process_settings(
     back torch's thread count, ``torch.set_num_threads`` and the CPU affinity on exit.
 
     Raises:
-        ValueError: ``cpu_kv_cache_gib`` (or ``VLLM_CPU_KVCACHE_SPACE``) is not a positive number.
+        ValueError: ``cpu_kv_cache_gib`` (or ``VLLM_CPU_KVCACHE_SPACE``) is not a number of GiB of at least 1 MiB.
     """
     values: dict[str, str | None] = dict(IN_PROCESS_VLLM_ENV)
+    variable = (env or {}).get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     if cpu_kv_cache_gib is not None:
         gib = _positive_gib(cpu_kv_cache_gib)
-    elif os.environ.get(CPU_KV_CACHE_BYTES_ENV):  # inside another block: keep its exact size
-        gib = int(os.environ[CPU_KV_CACHE_BYTES_ENV]) / 2**30
+    elif variable:
+        gib = _positive_gib(variable)
+    elif os.environ.get(CPU_KV_CACHE_BYTES_ENV):  # inside a block of a fraction of a GiB: keep its exact size
+        gib = _positive_gib(_float_or_nan(os.environ[CPU_KV_CACHE_BYTES_ENV]) / 2**30)
     else:
-        gib = _positive_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KV_CACHE_GIB)
+        gib = float(DEFAULT_CPU_KV_CACHE_GIB)
     values["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib)) if gib.is_integer() else None
     values[CPU_KV_CACHE_BYTES_ENV] = str(int(gib * 2**30))
     if disabled_kernels:
@@ -79,13 +83,17 @@ def vllm_process_settings(
         yield
 
 
-def _positive_gib(value) -> float:
+def _float_or_nan(value) -> float:
     try:
-        gib = float(value)
+        return float(value)
     except (TypeError, ValueError):
-        gib = float("nan")
-    if not gib > 0 or gib == float("inf"):
-        raise ValueError(f"The CPU KV cache must be a positive number of GiB, got {value!r}: pass "
+        return float("nan")
+
+
+def _positive_gib(value) -> float:
+    gib = _float_or_nan(value)
+    if not 2**-10 <= gib < float("inf"):
+        raise ValueError(f"The CPU KV cache must be a number of GiB of at least 1 MiB (2**-10), got {value!r}: pass "
                          "vllm_process_settings(cpu_kv_cache_gib=...) or set VLLM_CPU_KVCACHE_SPACE, e.g. 1.")
     return gib
 
