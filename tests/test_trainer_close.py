@@ -45,6 +45,8 @@ with vllm_process_settings(cpu_kv_cache_gib={KV_CACHE_GIB}):
     out["rss_started"] = rss()
     trainer.close()
     out["core_freed"] = core() is None  # by close() itself: no collection of ours in between
+    import vllm.distributed.parallel_state, vllm.v1.worker.gpu_model_runner
+    out["vllm_gc_restored"] = (vllm.distributed.parallel_state.gc is gc and vllm.v1.worker.gpu_model_runner.gc is gc)
     out["rss_closed"] = rss(collect=False)
     trainer.close()  # a second call does nothing
     out["llm_freed"] = llm() is None
@@ -69,6 +71,7 @@ def test_quickstart_close_and_a_second_trainer_in_one_process(tmp_path):
     out = json.loads(lines[-1].removeprefix("RESULT "))
     assert out["args"] == ["tiny-TRIAGE-GRPO", True, "colocate", "full"]  # TRIAGE on: the colocated vLLM sampler
     assert out["llm_freed"] and out["second_freed"] and out["core_freed"]
+    assert out["vllm_gc_restored"]  # vLLM's shutdown collections are deferred only while close() shuts it down
     assert out["second"] == [1, 1, 1]  # one step, one sync, one sync probe
     # The engine's KV cache alone is KV_CACHE_GIB: starting takes at least half of it, closing gives it back.
     started, closed = out["rss_started"] - out["rss_before"], out["rss_started"] - out["rss_closed"]
