@@ -545,7 +545,14 @@ def _shutdown_engine(core, token: int) -> None:
     with _shutdown_collections_deferred() as deferred:
         if _LIVE:  # other engines still use the shared groups: shut this one down without destroying them
             cleanup = core_module.cleanup_dist_env_and_memory
-            core_module.cleanup_dist_env_and_memory = (lambda: None) if deferred else gc.collect
+
+            def cleanup_if_last(*args, **kwargs):  # decided when called: a collection inside may end the others
+                if not _LIVE:
+                    return cleanup(*args, **kwargs)
+                if not deferred:
+                    gc.collect()
+
+            core_module.cleanup_dist_env_and_memory = cleanup_if_last
             try:
                 core.shutdown()
             finally:
@@ -564,10 +571,11 @@ _SHUTDOWN_COLLECTORS = ("vllm.v1.worker.gpu_model_runner", "vllm.distributed.par
 
 @contextlib.contextmanager
 def _shutdown_collections_deferred() -> Iterator[bool]:
-    """On vLLM's CPU platform, make vLLM's full collections inside an engine's shutdown no-ops for the block (each
-    costs about 0.45 s with torch, transformers and vLLM imported: 0.9-1.5 s per engine measured); the garbage they
-    would free is freed by the collection that follows the shutdown (``close()``, or the next engine's start after
-    a dropped sampler's). Elsewhere (GPU) vLLM's order is kept: its collections precede ``empty_cache``."""
+    """On vLLM's CPU platform, make vLLM's full collections inside an engine's shutdown no-ops for the block (two,
+    each about 0.45 s with torch, transformers and vLLM imported); the garbage they would free is freed by the
+    collection after the shutdown: ``close()``'s, or for a sampler dropped without ``close()`` the next engine's
+    start (``collect_dropped_samplers``). Elsewhere (GPU) vLLM's order is kept: its collections precede
+    ``empty_cache``."""
     import importlib
     import types
 
