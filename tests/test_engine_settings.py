@@ -43,54 +43,50 @@ def test_a_size_that_is_not_a_positive_number_is_refused(bad):
             pass
 
 
-@pytest.mark.parametrize("gib, given, expected", [(0.125, None, 2**27), (2, None, 2**31), (2, 3 * 2**20, 3 * 2**20)])
-def test_start_engine_passes_the_size_and_hides_the_whole_gib_variable(tmp_path, monkeypatch, gib, given, expected):
-    """vLLM's CPU platform lets ``VLLM_CPU_KVCACHE_SPACE`` override ``kv_cache_memory_bytes``: the engine is built
-    without it, with the exact size chosen (or the one the caller passed)."""
+class _Built(Exception):
+    pass
+
+
+@pytest.fixture
+def engine_start(tmp_path, monkeypatch):
+    """``engine_start(**kwargs)``: ``start_engine`` up to ``vllm.LLM``, which records what the engine would get (its
+    ``kv_cache_memory_bytes`` and the ``VLLM_CPU_KVCACHE_SPACE`` it would read) instead of starting."""
     import vllm
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        pytest.skip("vLLM's CPU platform only; the CPU runs this test everywhere else")
-
     from triage_trl.sampler.vllm_engine import start_engine
 
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU platform only; the CPU runs this test everywhere else")
     seen = {}
-
-    class Built(Exception):
-        pass
 
     def fake_llm(**kwargs):
         seen.update(bytes=kwargs.get("kv_cache_memory_bytes"), variable=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
-        raise Built
+        raise _Built
 
     monkeypatch.setattr(vllm, "LLM", fake_llm)
-    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+
+    def start(**kwargs):
+        with pytest.raises(_Built):
+            start_engine(tmp_path, "bf16", **kwargs)
+        return dict(seen)
+
+    return start
+
+
+@pytest.mark.parametrize("gib, given, expected", [(0.125, None, 2**27), (2, None, 2**31), (2, 3 * 2**20, 3 * 2**20)])
+def test_start_engine_passes_the_size_and_hides_the_whole_gib_variable(engine_start, gib, given, expected):
+    """vLLM's CPU platform lets ``VLLM_CPU_KVCACHE_SPACE`` override ``kv_cache_memory_bytes``: the engine is built
+    without it, with the exact size chosen (or the one the caller passed)."""
     extra = {} if given is None else {"kv_cache_memory_bytes": given}
     with vllm_process_settings(cpu_kv_cache_gib=gib):
-        with pytest.raises(Built):
-            start_engine(tmp_path, "bf16", **extra)
+        seen = engine_start(**extra)
         assert _kv_env()[0] == (str(gib) if isinstance(gib, int) else None)  # put back after the start
     assert seen == {"bytes": expected, "variable": None}
 
 
-def test_a_variable_set_inside_the_block_wins(tmp_path, monkeypatch):
-    import vllm
-    from vllm.platforms import current_platform
-
-    from triage_trl.sampler.vllm_engine import start_engine
-
-    if not current_platform.is_cpu():
-        pytest.skip("vLLM's CPU platform only; the CPU runs this test everywhere else")
-    seen = {}
-
-    def fake_llm(**kwargs):
-        seen.update(bytes=kwargs.get("kv_cache_memory_bytes"), variable=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(vllm, "LLM", fake_llm)
+def test_a_variable_set_inside_the_block_wins(engine_start, monkeypatch):
     with vllm_process_settings(cpu_kv_cache_gib=1):
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
-        with pytest.raises(KeyboardInterrupt):
-            start_engine(tmp_path, "bf16")
+        seen = engine_start()
     assert seen == {"bytes": None, "variable": "4"}  # vLLM reads the variable, as it would without triage-trl

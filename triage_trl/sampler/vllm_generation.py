@@ -577,7 +577,6 @@ def _shutdown_collections_deferred() -> Iterator[bool]:
     start (``collect_dropped_samplers``). Elsewhere (GPU) vLLM's order is kept: its collections precede
     ``empty_cache``."""
     import importlib
-    import types
 
     from vllm.platforms import current_platform
 
@@ -585,16 +584,28 @@ def _shutdown_collections_deferred() -> Iterator[bool]:
         yield False
         return
     modules = [importlib.import_module(name) for name in _SHUTDOWN_COLLECTORS]
-    found = [(module, module.gc) for module in modules if getattr(module, "gc", None) is gc]
-    deferred = types.SimpleNamespace(**{name: getattr(gc, name) for name in dir(gc) if not name.startswith("__")})
-    deferred.collect = lambda *args, **kwargs: 0
-    for module, _ in found:
-        module.gc = deferred
+    found = [module for module in modules if getattr(module, "gc", None) is gc]
+    for module in found:
+        module.gc = _NO_COLLECT_GC
     try:
         yield True
     finally:
-        for module, original in found:
-            module.gc = original
+        for module in found:
+            module.gc = gc
+
+
+class _NoCollectGC:
+    """The ``gc`` module with ``collect`` a no-op (see :func:`_shutdown_collections_deferred`)."""
+
+    @staticmethod
+    def collect(*args, **kwargs) -> int:
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(gc, name)
+
+
+_NO_COLLECT_GC = _NoCollectGC()
 
 
 _RENDEZVOUS_SET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
