@@ -31,6 +31,8 @@ def test_whole_and_fractional_gib_and_a_nested_block(monkeypatch):
         assert _kv_env() == ("3", str(3 * 2**30))
     with vllm_process_settings(env={"VLLM_CPU_KVCACHE_SPACE": "4"}):
         assert _kv_env() == ("4", str(4 * 2**30))  # the variable given to the block chooses the size
+    with vllm_process_settings(env={"VLLM_CPU_KVCACHE_SPACE": None}):
+        assert _kv_env() == (None, str(2**30))  # unset by the block: the default size, not the environment's 3
     monkeypatch.setenv(CPU_KV_CACHE_BYTES_ENV, str(2**27))  # inherited by a child started without child_process_env
     with vllm_process_settings():
         assert _kv_env() == ("3", str(3 * 2**30))  # the child's own variable wins
@@ -85,8 +87,9 @@ def test_start_engine_passes_the_size_and_hides_the_whole_gib_variable(engine_st
     assert seen == {"bytes": expected, "variable": None}
 
 
-def test_a_variable_set_inside_the_block_wins(engine_start, monkeypatch):
-    with vllm_process_settings(cpu_kv_cache_gib=1):
-        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+@pytest.mark.parametrize("gib, variable", [(1, "4"), (1.5, "1")])
+def test_a_variable_set_inside_the_block_wins(engine_start, monkeypatch, gib, variable):
+    with vllm_process_settings(cpu_kv_cache_gib=gib):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", variable)
         seen = engine_start()
-    assert seen == {"bytes": None, "variable": "4"}  # vLLM reads the variable, as it would without triage-trl
+    assert seen == {"bytes": None, "variable": variable}  # vLLM reads the variable, as it would without triage-trl

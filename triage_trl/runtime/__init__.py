@@ -54,7 +54,7 @@ def vllm_process_settings(
             ``kv_cache_memory_bytes``.
         disabled_kernels: vLLM linear kernel class names to skip at kernel selection (``VLLM_DISABLED_KERNELS``,
             added to any already set).
-        env: further variables to set.
+        env: further variables to set (``None`` unsets one).
 
     Sets :data:`IN_PROCESS_VLLM_ENV`, clears vLLM's environment cache on entry and on exit (vLLM caches every
     variable once an engine has started, so later engines of the process would not see the new values), and puts
@@ -64,7 +64,9 @@ def vllm_process_settings(
         ValueError: ``cpu_kv_cache_gib`` (or ``VLLM_CPU_KVCACHE_SPACE``) is not a number of GiB of at least 1 MiB.
     """
     values: dict[str, str | None] = dict(IN_PROCESS_VLLM_ENV)
-    variable = (env or {}).get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    given = env or {}  # an explicit None there unsets the variable: the size then comes from below
+    variable = given["VLLM_CPU_KVCACHE_SPACE"] if "VLLM_CPU_KVCACHE_SPACE" in given else os.environ.get(
+        "VLLM_CPU_KVCACHE_SPACE")
     if cpu_kv_cache_gib is not None:
         gib = _positive_gib(cpu_kv_cache_gib)
     elif variable:
@@ -78,7 +80,7 @@ def vllm_process_settings(
     if disabled_kernels:
         current = [k for k in os.environ.get("VLLM_DISABLED_KERNELS", "").split(",") if k]
         values["VLLM_DISABLED_KERNELS"] = ",".join(dict.fromkeys([*current, *disabled_kernels]))
-    values.update(env or {})
+    values.update(given)
     with environment_overrides(values), preserved_torch_threads():
         yield
 

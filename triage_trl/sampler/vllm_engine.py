@@ -136,10 +136,12 @@ def start_engine(
     kwargs.update(llm_kwargs)
     overrides: dict[str, str | None] = {}
     if on_cpu:
-        chosen, variable = os.environ.get(CPU_KV_CACHE_BYTES_ENV), os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        chosen = int(os.environ.get(CPU_KV_CACHE_BYTES_ENV) or 0)
+        as_set = str(chosen >> 30) if chosen % 2**30 == 0 else None  # what vllm_process_settings set the variable to
         # a variable set since vllm_process_settings chose the size (it then differs) wins, as vLLM would let it
-        if kwargs.get("kv_cache_memory_bytes") is None and chosen and variable in (None, "", str(int(chosen) >> 30)):
-            kwargs["kv_cache_memory_bytes"] = int(chosen)
+        if kwargs.get("kv_cache_memory_bytes") is None and chosen and os.environ.get(
+                "VLLM_CPU_KVCACHE_SPACE") in (None, "", as_set):
+            kwargs["kv_cache_memory_bytes"] = chosen
         if kwargs.get("kv_cache_memory_bytes") is not None:  # else vLLM's CPU platform lets the variable win
             overrides["VLLM_CPU_KVCACHE_SPACE"] = None
     if disabled:
