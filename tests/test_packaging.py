@@ -107,3 +107,18 @@ def test_sdist_and_wheel_carry_recipes_configs_and_template(tmp_path):
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"Version: {triage_trl.__version__}\n" in metadata and "Provides-Extra: math-verify\n" in metadata
     assert "Requires-Dist: trl<1.17,>=1.16\n" in metadata
+
+
+@pytest.mark.parametrize("package", ["torch", "transformers", "trl", "vllm", "sympy"])
+def test_installed_packages_carry_their_bytecode(package):
+    """`make install` compiles the environment once after pip (Makefile); without the .pyc files, and with
+    PYTHONDONTWRITEBYTECODE set (as on these machines), every test process would compile its imports again."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        pytest.skip(f"{package} is not installed")
+    origin = spec.origin
+    assert os.path.exists(importlib.util.cache_from_source(origin)), (
+        f"{origin} has no bytecode: run `{sys.executable} -m compileall -q -j 0 {os.path.dirname(origin)}` "
+        "(make install does it).")
