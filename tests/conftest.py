@@ -16,22 +16,40 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
 
+def _rendezvous_port(worker: int) -> int:
+    """A free port for worker ``worker``'s in-process engines, below the kernel's ephemeral range: a port the kernel
+    hands out (to a child's ``get_free_port``, gloo, an outgoing connection) is never one of these, so no other
+    process can hold it between two of the worker's engines. Port 0's choice where that range starts low."""
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first_ephemeral = int(f.read().split()[0])
+    except OSError:  # not Linux
+        first_ephemeral = 1024
+    candidates = range(max(1024, first_ephemeral - 4000) + 100 * worker, first_ephemeral)[:100]
+    for port in [*candidates, 0]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError("no free port for the worker's rendezvous")
+
+
 def pytest_configure(config):
     """On an xdist worker, torch (and the subprocesses it starts, through ``OMP_NUM_THREADS``) gets the worker's share
     of the cores (two workers each spinning two OpenMP threads on two cores oversubscribe them), and the worker gets a
     rendezvous port of its own."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if hasattr(config, "workerinput") and workers > 1:
-        import socket
-
         import torch
 
         # Each worker its own rendezvous port for in-process engines: once a vLLM engine has made torch.distributed
         # live, accelerate sets MASTER_PORT=29500 when unset, and two workers' engines then collide on it.
         if not os.environ.get("MASTER_PORT"):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+            os.environ["MASTER_PORT"] = str(_rendezvous_port(int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])))
 
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
