@@ -92,6 +92,23 @@ def test_fast_path_is_compiled_here():
     assert q.compile_available(), "torch.compile failed on this machine; the fast path fell back"
 
 
+def test_one_graph_whatever_the_shape_or_grad_mode():
+    """A square first input and then other shapes, with and without grad mode, reuse one compiled graph (each
+    recompile costs about a second per process with a warm compile cache, several with a cold one)."""
+    from torch._dynamo.utils import counters
+
+    scale = torch.tensor(448 * 6 / 4.0)
+    q.nvfp4_fake_quantize_vllm(torch.randn(128, 128), scale)  # compiled here unless an earlier test did
+    graphs = counters["stats"]["unique_graphs"]
+    for shape in ((48, 256), (3, 40, 64), (256, 32)):
+        x = torch.randn(*shape)
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                out = q.nvfp4_fake_quantize_vllm(x, scale)
+            assert torch.equal(out, q.nvfp4_fake_quantize_vllm(x, scale, compiled=False))
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_bad_inputs_raise_and_switch_nothing_off():
     with pytest.raises(ValueError, match="multiple of 16"):
         q.nvfp4_fake_quantize(torch.randn(4, 24))

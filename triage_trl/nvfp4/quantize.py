@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 import torch
+from torch.fx.experimental import _config as fx_shape_config
 from . import numerics
 from .numerics import BLOCK_SIZE, dynamic_per_tensor_scale
 
@@ -106,7 +107,12 @@ def _run_2d(fn: Callable, x2d: torch.Tensor, *args, compiled: bool):
     with _lock:
         kernel = _compiled.get(fn) or _compiled.setdefault(fn, torch.compile(fn, dynamic=True))
     try:
-        return kernel(x2d, *args)
+        # One graph for every call: grad mode fixed (outputs carry no gradient), the view of a 3-D input passed as
+        # a tensor of its own (dynamo guards a view's base), and no duck shaping (a square first input would
+        # specialise the graph to rows == columns). Each recompile costs about a second per process with a warm
+        # compile cache and several with a cold one (tests/test_nvfp4_quantize.py counts the graphs).
+        with torch.no_grad(), fx_shape_config.patch(use_duck_shape=False):
+            return kernel(x2d.detach(), *args)
     except Exception as err:  # noqa: BLE001 - decided below: the eager path on the same input tells
         out = fn(x2d, *args)  # bad input raises here, and nothing is switched off
         _failed[key] = f"{type(err).__name__}: {err}"
