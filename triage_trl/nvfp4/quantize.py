@@ -89,6 +89,8 @@ def nvfp4_fake_quantize_reference(x: torch.Tensor, per_tensor_scale: torch.Tenso
 
 
 _compiled: dict[Callable, Callable] = {}
+# No duck shaping while a kernel traces (see _run_2d); one reusable patch (a new one per call costs 3x more).
+_NO_DUCK_SHAPES = fx_shape_config.patch(use_duck_shape=False)
 _failed: dict[tuple[str, str], str] = {}
 _lock = threading.Lock()
 
@@ -111,7 +113,7 @@ def _run_2d(fn: Callable, x2d: torch.Tensor, *args, compiled: bool):
         # a tensor of its own (dynamo guards a view's base), and no duck shaping (a square first input would
         # specialise the graph to rows == columns). Each recompile costs about a second per process with a warm
         # compile cache and several with a cold one (tests/test_nvfp4_quantize.py counts the graphs).
-        with torch.no_grad(), fx_shape_config.patch(use_duck_shape=False):
+        with torch.no_grad(), _NO_DUCK_SHAPES:
             return kernel(x2d.detach(), *args)
     except Exception as err:  # noqa: BLE001 - decided below: the eager path on the same input tells
         out = fn(x2d, *args)  # bad input raises here, and nothing is switched off
