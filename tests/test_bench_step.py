@@ -3,18 +3,10 @@ of both arms on a tiny random Qwen3 (slow: two real vLLM engines and trainers)."
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 from script_module import load_script  # noqa: E402
-
-from triage_trl.runtime import child_process_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
 def _bench_sync():
@@ -92,22 +84,24 @@ def test_floor_counts_the_lm_head_on_scored_positions_only(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_step_smoke_prints_every_phase_and_the_ratio():
-    cmd = [sys.executable, os.path.join(BENCHMARKS, "bench_step.py"), "--model", "tiny-qwen3", "--warmup", "0",
-           "--steps", "1", "--prompts", "1", "--generations", "2", "--max-completion-length", "4", "--lora-rank", "4", "--nvfp4-recipe", "all"]
-    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580,
-                          check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def test_bench_step_smoke_prints_every_phase_and_the_ratio(capfd, in_process_vllm):
+    """The script's ``main`` with its command line, in this process (an interpreter start with vLLM's imports
+    saved)."""
+    argv = ["--model", "tiny-qwen3", "--warmup", "0", "--steps", "1", "--prompts", "1", "--generations", "2",
+            "--max-completion-length", "4", "--lora-rank", "4", "--nvfp4-recipe", "all"]
+    capfd.readouterr()
+    ratio = load_script("benchmarks/bench_step.py").main(argv)
+    stdout = capfd.readouterr().out
     for arm in ("bf16_trl", "nvfp4_triage"):
         for phase in ("generation", "sync", "logprobs", "objective", "backward", "optimizer", "other", "step"):
-            assert re.search(rf"^{arm} {phase}_s=-?\d+\.\d{{3}}$", done.stdout, re.M), (arm, phase)
+            assert re.search(rf"^{arm} {phase}_s=-?\d+\.\d{{3}}$", stdout, re.M), (arm, phase)
     for arm in ("bf16_trl", "nvfp4_triage"):
-        assert re.search(rf"^{arm}: fp32 GEMM \d+\.\d GFLOP/s", done.stdout, re.M), arm  # the machine's rates
+        assert re.search(rf"^{arm}: fp32 GEMM \d+\.\d GFLOP/s", stdout, re.M), arm  # the machine's rates
     for phase in ("generation", "sync", "logprobs", "backward", "optimizer", "step"):  # measured, floor, / floor
-        assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", done.stdout,
+        assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", stdout,
                          re.M), phase
-    floor_line, ratio_line = done.stdout.strip().splitlines()[-2:]
+    floor_line, ratio_line = stdout.strip().splitlines()[-2:]
     match = re.fullmatch(r"step_over_floor=(\d+\.\d{3})", floor_line)
     assert match and float(match.group(1)) > 1.0, floor_line  # nothing runs below its floor
     match = re.fullmatch(r"nvfp4_triage_step_over_bf16=(\d+\.\d{3})", ratio_line)
-    assert match and float(match.group(1)) > 0, ratio_line
+    assert match and float(match.group(1)) == pytest.approx(ratio, abs=5e-4) and ratio > 0, ratio_line

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,11 +13,7 @@ import torch
 from triage_trl.lab.configs import scale_preset
 from triage_trl.lab.mechanism import (ARMS, MEASURES, PERMUTED_ARMS, batch_quadrants, engine_moves, mismatch_stats,
                                       paired_bootstrap, permute_within_groups, trl_importance_ratio)
-from triage_trl.runtime import child_process_env
 from script_module import load_script  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "mechanism_e1.py")
 
 
 def _script():
@@ -163,14 +157,15 @@ def test_report_pairs_each_arm_with_naive(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_smoke_mode_end_to_end_and_resume(tmp_path):
+def test_smoke_mode_end_to_end_and_resume(tmp_path, capfd, in_process_vllm):
     """One batch x 7 arms on a tiny random Qwen3, then the run extended by a batch after its state.pt is deleted
-    (resume by replaying the saved batch, as a committed run copied to a new machine does)."""
+    (resume by replaying the saved batch, as a committed run copied to a new machine does). The script's ``main``
+    with its command line, in this process (four interpreter starts with vLLM's imports saved; a trainer in a
+    process that has run others is what the close tests cover)."""
+    script = _script()
     out = tmp_path / "e1"
-    env = child_process_env(PYTHONPATH=ROOT)
-    cmd = [sys.executable, SCRIPT, "--smoke", "--batches", "1", "--output-dir", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    argv = ["--smoke", "--batches", "1", "--output-dir", str(out)]
+    script.main(argv)
     run = out / "full"
     results = {p.name for p in (run / "results").iterdir()}
     assert results == {f"b000_{arm}.json" for arm in ARMS}
@@ -194,9 +189,7 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     assert json.loads((run / "progress.json").read_text()) == {"next_batch": 1}
     assert "| direction_blind | 1 |" in (run / "report.md").read_text()
 
-    nulls = subprocess.run([*cmd, "--nulls"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                           check=False)
-    assert nulls.returncode == 0, nulls.stderr[-2000:]
+    script.main([*argv, "--nulls"])
     nulls = json.loads((run / "nulls.json").read_text())
     rows = nulls["batches"]
     assert [r["batch"] for r in rows] == ["b000.pt"] and rows[0]["tail_concentration"]["n_segments"] > 0
@@ -209,15 +202,15 @@ def test_smoke_mode_end_to_end_and_resume(tmp_path):
     assert "| b000.pt |" in (run / "nulls.md").read_text()
     assert "| mean over " in (run / "nulls.md").read_text()
 
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert again.returncode == 0 and "All 1 batches done." in again.stdout, again.stderr[-2000:]
+    capfd.readouterr()
+    script.main(argv)
+    assert "All 1 batches done." in capfd.readouterr().out
 
     # a committed run has no state.pt (1.6 GB at full fine-tuning): the extension replays naive's step over batch 0
     (run / "state.pt").unlink()
-    extend = [*cmd[:-4], "--batches", "2", "--arms", "naive", "tis", "--output-dir", str(out)]
-    more = subprocess.run(extend, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
-    assert "replaying naive's step over the 1 saved batches" in more.stdout and "resuming at batch 1" in more.stdout
+    script.main([*argv[:-4], "--batches", "2", "--arms", "naive", "tis", "--output-dir", str(out)])
+    printed = capfd.readouterr().out
+    assert "replaying naive's step over the 1 saved batches" in printed and "resuming at batch 1" in printed
     (check,) = json.loads((run / "replay.json").read_text())
     assert check["loss_diff"] == pytest.approx(0.0, abs=1e-4 * max(abs(check["loss_recorded"]), 1e-3))
     assert check["grad_norm_diff"] == pytest.approx(0.0, abs=1e-3 * check["grad_norm_recorded"])

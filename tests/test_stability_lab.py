@@ -7,8 +7,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,11 +16,7 @@ from triage_trl.lab.configs import (CONFIGS, DOSES, OPSM_THRESHOLD, SCALES, add_
 from triage_trl.lab.metrics import (collapsed, count_spikes, format_mean_std, mean_std, mean_triage_weight, reward_auc,
                                     run_metrics)
 from triage_trl.lab.summarize import dose_report, load_runs, observations, summarize
-from triage_trl.runtime import child_process_env
 from script_module import load_script  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAB_SCRIPT = os.path.join(ROOT, "benchmarks", "stability_lab.py")
 
 
 def _lab_module():
@@ -552,15 +546,14 @@ def test_published_corrections_name_registered_configurations():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_smoke_lab_end_to_end(tmp_path):
-    """2 configurations x 1 seed x 1 step on a tiny random Qwen3 (each run its own process and vLLM engine)."""
+def test_smoke_lab_end_to_end(tmp_path, capfd):
+    """2 configurations x 1 seed x 1 step on a tiny random Qwen3 (each run its own process and vLLM engine, as the
+    lab runs them; the lab's own ``main``, which only plans, launches and summarizes, in this process)."""
     lab_dir = tmp_path / "lab"
-    cmd = [sys.executable, LAB_SCRIPT, "--scale", "smoke", "--configs", "nvfp4_naive", "triage", "--seeds", "0",
-           "--output-dir", str(lab_dir)]
-    done = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=580,
-                          check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[2/2] triage@stress seed 0: ok" in done.stdout
+    argv = ["--scale", "smoke", "--configs", "nvfp4_naive", "triage", "--seeds", "0", "--output-dir", str(lab_dir)]
+    capfd.readouterr()
+    assert _lab_module().main(argv) == 0
+    assert "[2/2] triage@stress seed 0: ok" in capfd.readouterr().out
     for name in ("nvfp4_naive", "triage"):
         run_dir = run_path(str(lab_dir), name, 0, "stress")
         with open(os.path.join(run_dir, "run_summary.json")) as f:
@@ -592,10 +585,9 @@ def test_smoke_lab_end_to_end(tmp_path):
     assert "| nvfp4_naive@stress | 1 |" in text and "| triage@stress | 1 |" in text
     assert (lab_dir / "overlay.png").stat().st_size > 1000
     assert (lab_dir / "observations_stress.png").stat().st_size > 1000
-    # resume: a second call skips both runs and only summarizes
-    again = subprocess.run(cmd, cwd=ROOT, env=child_process_env(), capture_output=True, text=True, timeout=120,
-                           check=False)
-    assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 2
+    # resume: a second call (its main, in this process) skips both runs and only summarizes
+    capfd.readouterr()
+    assert _lab_module().main(argv) == 0 and capfd.readouterr().out.count("done earlier, skipped") == 2
 
 
 def test_learner_weights_are_scored_only_beside_an_nvfp4_sampler(tmp_path):
