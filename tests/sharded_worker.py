@@ -1,17 +1,21 @@
 """Two-process worker of ``tests/test_distributed_sharded.py``: the vLLM sampler on an FSDP2-sharded or
 ZeRO-3-partitioned learner, 3 optimizer steps, on CPU with gloo. Not a test module; run under torchrun:
 
-    torchrun --nproc_per_node 2 tests/sharded_worker.py {fsdp2|zero3} {bf16|dynamic|sampler} {bf16|nvfp4} MODEL OUT
+    torchrun --nproc_per_node 2 tests/sharded_worker.py MODEL OUT RUN [RUN ...]
 
-The second argument is the learner: ``bf16`` (not converted) or the NVFP4 learner with ``dynamic`` or ``sampler``
-scales (with ``sampler`` the sampler's activation scales are pushed to the learner after every sync, as the trainer
-does); the third the sampler precision.
+Each RUN is ``{fsdp2|zero3}:{bf16|dynamic|sampler}:{bf16|nvfp4}``: the sharding, the learner (``bf16``: not
+converted, or the NVFP4 learner with ``dynamic`` or ``sampler`` scales; with ``sampler`` the sampler's activation
+scales are pushed to the learner after every sync, as the trainer does) and the sampler precision. The runs go one
+after another in the same two processes (one launch: the interpreter start and imports, about 16 s on both cores,
+paid once), each with its own model, optimizer and vLLM engine; every engine is kept until the processes end, since
+closing a process's last engine tears down torch.distributed's default group (vLLM's teardown), which the next run
+still needs. Each run writes ``OUT/<sharding>-<learner>-<precision>/rank<i>.json``.
 
 Why not the trainer: accelerate 1.15 enables FSDP and DeepSpeed only on accelerators (with ``cpu=True`` it drops
 them), so ``TriageGRPOTrainer`` cannot be launched with either on CPU. This worker builds what accelerate's FSDP2
 plugin (``fully_shard`` per decoder layer, then the root) and DeepSpeed ZeRO-3 (``zero.Init`` + ``initialize``)
 build, after the trainer's own steps (load, NVFP4 conversion), and drives the real ``TriageVLLMGeneration`` the way
-TRL does (a sync before each generation). Each rank writes ``OUT_DIR/rank<i>.json``.
+TRL does (a sync before each generation).
 """
 
 from __future__ import annotations
@@ -153,7 +157,9 @@ def shared_prompt_diff(model, tokenizer) -> float:
     return float((shared - rows).abs().max())
 
 
-def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -> None:
+def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str):
+    """One run; writes ``out_dir/rank<i>.json`` and returns its sampler (the caller keeps it: see the module's
+    docstring)."""
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
@@ -217,7 +223,20 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str) -
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(facts, f, indent=1)
     dist.barrier()
+    return gen
+
+
+def run_all(model_dir: str, out_dir: str, runs: list[str]) -> None:
+    modes = {run.split(":")[0] for run in runs}
+    if len(modes) != 1:
+        raise SystemExit(f"one sharding per launch (FSDP2 and ZeRO-3 set up torch.distributed differently): {runs}")
+    samplers = []
+    for run in runs:
+        mode, scales, precision = run.split(":")
+        run_dir = os.path.join(out_dir, run.replace(":", "-"))
+        os.makedirs(run_dir, exist_ok=True)
+        samplers.append(main(mode, scales, precision, model_dir, run_dir))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    run_all(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -29,22 +29,31 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE_BOUND = {"nvfp4": 0.1, "bf16": 0.05}  # learner vs sampler of the same precision, nats
 
 
+# every (sharding, learner, precision) the tests below ask for; one launch runs all of a sharding's
+# (tests/sharded_worker.py: one interpreter start per two ranks instead of one per run)
+RUNS = {"fsdp2": [("fsdp2", "dynamic", "nvfp4"), ("fsdp2", "sampler", "nvfp4"), ("fsdp2", "bf16", "bf16")],
+        "zero3": [("zero3", "dynamic", "nvfp4"), ("zero3", "sampler", "nvfp4")]}
+
+
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory, tiny_qwen3_dir):
     cache = {}
 
     def run(mode: str, scales: str, precision: str = "nvfp4"):
         key = (mode, scales, precision)
+        assert key in RUNS[mode], f"add {key} to RUNS"
         if key not in cache:
             if mode == "zero3":
                 pytest.importorskip("deepspeed")
-            out = tmp_path_factory.mktemp("-".join(key))
+            out = tmp_path_factory.mktemp(mode)
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                   str(REPO / "tests" / "sharded_worker.py"), *key, tiny_qwen3_dir, str(out)]
+                   str(REPO / "tests" / "sharded_worker.py"), tiny_qwen3_dir, str(out),
+                   *(":".join(k) for k in RUNS[mode])]
             env = child_process_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-            cache[key] = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+            for k in RUNS[mode]:
+                cache[k] = [json.loads((out / "-".join(k) / f"rank{i}.json").read_text()) for i in range(2)]
         return cache[key]
 
     return run
