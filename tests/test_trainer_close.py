@@ -58,6 +58,17 @@ with vllm_process_settings(cpu_kv_cache_gib={KV_CACHE_GIB}):
         llm = weakref.ref(second.vllm_generation.llm)
     out["second"] = [second.state.global_step, second.vllm_generation.num_syncs, len(second.sync_probe_gaps)]
     out["second_freed"] = second.vllm_generation.llm is None and llm() is None
+    # TRL's tests and notebooks drop trainers without close(): the next trainer's start shuts the dropped engine down
+    # (vLLM's engine start freezes every object then alive, the trainer included, out of the collector's sight)
+    dropped = TriageGRPOTrainer(model, digit_share_reward, args=args, train_dataset=ds)
+    core = weakref.ref(dropped.vllm_generation.llm.llm_engine.engine_core.engine_core)
+    del dropped
+    from triage_trl.sampler import vllm_generation
+    out["rss_dropped"] = rss(collect=False)
+    fourth = TriageGRPOTrainer(model, digit_share_reward, args=args, train_dataset=ds)
+    out["dropped"] = [core() is None, len(vllm_generation._LIVE)]
+    out["rss_fourth"] = rss(collect=False)
+    fourth.close()
 print("RESULT " + json.dumps(out))
 """
 
@@ -76,6 +87,8 @@ def test_quickstart_close_and_a_second_trainer_in_one_process(tmp_path):
     # The engine's KV cache alone is KV_CACHE_GIB: starting takes at least half of it, closing gives it back.
     started, closed = out["rss_started"] - out["rss_before"], out["rss_started"] - out["rss_closed"]
     assert started > KV_CACHE_GIB / 2 and closed > KV_CACHE_GIB / 2, out
+    assert out["dropped"] == [True, 1], out  # the dropped trainer's engine is gone; only the new one runs
+    assert out["rss_fourth"] - out["rss_dropped"] < KV_CACHE_GIB / 2, out  # its KV cache given back for the new one
 
 
 THREE_TRAINERS = """
