@@ -570,18 +570,27 @@ from pathlib import Path
 from triage_trl.runtime import vllm_process_settings
 from triage_trl.sampler.vllm_engine import start_engine
 from triage_trl.testing import save_tiny_qwen3, save_tiny_qwen3_moe
+from vllm.triton_utils import dispatcher
+registrations = []
+register = dispatcher.register_kernels
+dispatcher.register_kernels = lambda overrides: (registrations.append(len(overrides)), register(overrides))[1]
 with tempfile.TemporaryDirectory() as d, vllm_process_settings(cpu_kv_cache_gib=0.125):
     dense, _ = start_engine(save_tiny_qwen3(Path(d) / "dense"), "bf16", max_model_len=128, seed=0)
     moe, report = start_engine(save_tiny_qwen3_moe(Path(d) / "moe"), "bf16", max_model_len=128, seed=0)
     print("moe_kernels=" + report["moe_kernels"])
+    from vllm.v1.sample import rejection_sampler
+    overridden = isinstance(rejection_sampler.expand_kernel, dispatcher.KernelOverride)  # the C++ fallback runs
+    print(f"registrations={registrations} overridden={overridden}")
 """
 
 
 @pytest.mark.slow
 def test_a_moe_engine_starts_next_to_a_live_dense_one():
     """vLLM 0.31 creates its expert-parallel group only when a process's first engine is MoE; start_engine adds it
-    (a process of its own: the engines' parallel groups are process globals)."""
+    (a process of its own: the engines' parallel groups are process globals). The second start leaves vLLM's CPU
+    Triton-kernel overrides as the first registered them."""
     import os
+    import re
     import subprocess
     import sys
 
@@ -593,3 +602,5 @@ def test_a_moe_engine_starts_next_to_a_live_dense_one():
                          timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert "moe_kernels=UnquantizedFusedMoEMethod" in run.stdout
+    # vLLM's CPU Triton-kernel overrides: registered by the first engine only (start_engine skips the rescan after)
+    assert re.search(r"^registrations=\[\d+\] overridden=True$", run.stdout, re.M), run.stdout[-2000:]

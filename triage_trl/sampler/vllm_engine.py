@@ -7,6 +7,7 @@ Source: vLLM 0.31 (``register_linear_kernel``, ``VLLM_DISABLED_KERNELS``, ``LLM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -150,12 +151,39 @@ def start_engine(
     tensor_parallel_size = int(kwargs.get("tensor_parallel_size") or 1)
     if _is_moe_checkpoint(checkpoint_dir):
         _ensure_expert_group(tensor_parallel_size)
-    with environment_overrides(overrides), preserved_torch_threads():
+    triton_overrides = _cpu_triton_overrides_once() if on_cpu and in_process else contextlib.nullcontext()
+    with environment_overrides(overrides), preserved_torch_threads(), triton_overrides:
         llm = LLM(**kwargs)
     _ensure_expert_group(tensor_parallel_size)  # for MoE engines started next to this one
     if not in_process:
         return llm, {"sampler_precision": precision, "linear_kernels": "not inspected (engine core in a subprocess)"}
     return llm, inspect_kernels(llm, precision, checkpoint_dir)
+
+
+@contextlib.contextmanager
+def _cpu_triton_overrides_once() -> Iterator[None]:
+    """Inside the block, an in-process engine's worker skips vLLM's CPU Triton-kernel overrides when an earlier engine
+    of this process registered them.
+
+    vLLM 0.31 registers them at every worker start (``CpuPlatform.register_triton_kernel_overrides``, through
+    ``vllm.triton_utils.dispatcher.register_kernels``): each registration scans every attribute of every loaded
+    module to rebind the kernels (0.43 s a start, measured with torch, transformers and vLLM imported) and wraps the
+    previous registration's wrappers again. The wrappers stay bound for the process, so the second and later engines
+    run the same C++ fallbacks without it. Nothing is skipped when no override is registered yet, or when vLLM has
+    no such registry (another vLLM version: its own behaviour then)."""
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import dispatcher
+
+    platform = type(current_platform)
+    original = vars(platform).get("register_triton_kernel_overrides")
+    if original is None or not getattr(dispatcher, "_registry", None):
+        yield
+        return
+    platform.register_triton_kernel_overrides = classmethod(lambda cls: None)
+    try:
+        yield
+    finally:
+        platform.register_triton_kernel_overrides = original
 
 
 def _register_cpu_nvfp4_kernels(chosen: NVFP4CpuKernel) -> tuple[str, ...]:
