@@ -227,15 +227,15 @@ def main(mode: str, scales: str, precision: str, model_dir: str, out_dir: str):
 
 
 def run_all(model_dir: str, out_dir: str, runs: list[str]) -> None:
+    """Every RUN of the command line, one after another (see the module's docstring)."""
     modes = {run.split(":")[0] for run in runs}
     if len(modes) != 1:
         raise SystemExit(f"one sharding per launch (FSDP2 and ZeRO-3 set up torch.distributed differently): {runs}")
-    samplers = []
+    samplers = []  # held until the processes end: closing the last engine would end the process group
     for run in runs:
-        mode, scales, precision = run.split(":")
         run_dir = os.path.join(out_dir, run.replace(":", "-"))
         os.makedirs(run_dir, exist_ok=True)
-        samplers.append(main(mode, scales, precision, model_dir, run_dir))
+        samplers.append(main(*run.split(":"), model_dir, run_dir))
 
 
 if __name__ == "__main__":
